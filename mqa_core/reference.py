@@ -1,0 +1,68 @@
+"""Float64 oracles for the ops: slow, obvious, unchunked; for tests and the conformance kit only.
+
+They are written independently of the torch_ref provider so that the provider is checked against
+something it does not share code with. Sizes are meant to be small (the [M, H, N] product is formed).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _windowed(scores: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+    n = scores.shape[1]
+    cols = torch.arange(n, device=scores.device)[None, :]
+    inside = (cols >= ks.long()[:, None].clamp(min=0)) & (cols < ke.long()[:, None].clamp(max=n))
+    return torch.where(inside, scores, torch.full_like(scores, float("-inf")))
+
+
+def fp8_mqa_logits_ref(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                       ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+    """[M, N] float64: k_scale[n] * sum_h w[m, h] * relu(q[m, h] . k[n]) in window, -inf outside."""
+    s = torch.einsum("mhd,nd->mhn", q.double(), k.double()).clamp_min_(0)
+    logits = torch.einsum("mhn,mh->mn", s, weights.double()) * k_scale.double().reshape(1, -1)
+    return _windowed(logits, ks, ke)
+
+
+def split_paged_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepGEMM's block layout -> (values [blocks, block_size, D] fp8 e4m3fn bytes, scales [blocks, block_size])."""
+    blocks, block_size, _, d4 = kv_cache.shape
+    flat = kv_cache.reshape(blocks, block_size * d4)
+    values = flat[:, : block_size * (d4 - 4)].reshape(blocks, block_size, d4 - 4)
+    scales = flat[:, block_size * (d4 - 4):].contiguous().view(torch.float32)
+    return values, scales
+
+
+def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """[B * next_n] positions row b*next_n+j sees: lens[b]-next_n+j+1, or lens[b, j] when 2-D."""
+    if context_lens.dim() == 2:
+        return context_lens.reshape(-1).long()
+    j = torch.arange(next_n, device=context_lens.device)
+    return (context_lens.long()[:, None] - next_n + j[None, :] + 1).reshape(-1)
+
+
+def fp8_paged_mqa_logits_ref(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_tables: torch.Tensor,
+                             max_context_len: int, fp8_dtype: torch.dtype = torch.float8_e4m3fn
+                             ) -> torch.Tensor:
+    """[B * next_n, max_context_len] float64 over the paged cache, -inf outside each row's context."""
+    b, next_n, h, d = q.shape
+    values, scales = split_paged_cache(kv_cache)
+    block_size = values.shape[1]
+    pos = torch.arange(max_context_len, device=q.device)
+    out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float64, device=q.device)
+    lens = visible_lengths(context_lens, next_n)
+    covered = min(max_context_len, block_tables.shape[1] * block_size)
+    for bi in range(b):
+        used = max(0, min(int(lens[bi * next_n: (bi + 1) * next_n].max()), covered))
+        blk = block_tables[bi, pos[:used] // block_size].long()  # only blocks holding visible positions
+        k = values[blk, pos[:used] % block_size].view(fp8_dtype).double()
+        sc = scales[blk, pos[:used] % block_size].double()
+        for j in range(next_n):
+            row = bi * next_n + j
+            n = int(min(int(lens[row]), used))
+            if n <= 0:
+                continue
+            s = (q[bi, j].double() @ k[:n].T).clamp_min_(0)
+            out[row, :n] = (weights[row].double() @ s) * sc[:n]
+    return out

@@ -1,0 +1,147 @@
+"""Argument checks for the ops, run before any kernel launches; each error says expected vs got.
+
+Cheap checks (types, dtypes, shapes, devices) always run; checks of values that would need a
+device sync (k_scale > 0, block ids in range) run only with ``MQA_VALIDATE=full``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from .spec import DTYPES, Problem, ProviderSpec
+
+if TYPE_CHECKING:
+    import torch
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.float8_e4m3fn`` or ``"float8_e4m3fn"`` -> ``"float8_e4m3fn"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def _desc(t: Any) -> str:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{dtype_name(t.dtype)} {list(t.shape)} on {t.device}"
+
+
+def _tensor(op: str, name: str, t: Any, dtypes: Sequence[str], shape: Sequence[Optional[int]],
+            shape_text: str) -> None:
+    import torch
+
+    want = " or ".join(dtypes)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor ({want} {shape_text}); got {_desc(t)}")
+    if dtype_name(t.dtype) not in dtypes:
+        raise TypeError(f"{op}: {name} must be {want} {shape_text}; got {_desc(t)}")
+    if t.dim() != len(shape) or any(s is not None and s != g for s, g in zip(shape, t.shape)):
+        raise ValueError(f"{op}: {name} must have shape {shape_text} = "
+                         f"{[('?' if s is None else s) for s in shape]}; got {_desc(t)}")
+
+
+def _same_device(op: str, named: dict[str, "torch.Tensor"]) -> None:
+    devices = {str(t.device) for t in named.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{k} on {t.device}" for k, t in named.items())
+        raise ValueError(f"{op}: all tensors must be on one device; got {where}")
+
+
+def _fp8(op: str, q: Any, spec: Optional[ProviderSpec]) -> list[str]:
+    allowed = sorted(spec.dtypes) if spec is not None else list(DTYPES)
+    import torch
+
+    if isinstance(q, torch.Tensor) and dtype_name(q.dtype) in DTYPES and dtype_name(q.dtype) not in allowed:
+        raise TypeError(f"{op}: q is {dtype_name(q.dtype)}, but provider {spec.name} "  # type: ignore[union-attr]
+                        f"declares only {', '.join(allowed)}")
+    return allowed
+
+
+def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
+                    spec: Optional[ProviderSpec] = None, full: bool = False) -> Problem:
+    """Check the prefill op's arguments; return the problem sizes."""
+    op = "fp8_mqa_logits"
+    allowed = _fp8(op, q, spec)
+    _tensor(op, "q", q, allowed, (None, None, None), "[M, H, D]")
+    m, h, d = q.shape
+    if h == 0 or d == 0:
+        raise ValueError(f"{op}: q must have H > 0 and D > 0; got {_desc(q)}")
+    if not isinstance(kv, (tuple, list)) or len(kv) != 2:
+        raise TypeError(f"{op}: kv must be a tuple (k [N, D], k_scale [N]); got {type(kv).__name__}"
+                        + (f" of length {len(kv)}" if isinstance(kv, (tuple, list)) else ""))
+    k, k_scale = kv
+    _tensor(op, "k (kv[0])", k, [dtype_name(q.dtype)], (None, d), "[N, D]")
+    n = k.shape[0]
+    if not (hasattr(k_scale, "dim") and k_scale.dim() == 2):
+        _tensor(op, "k_scale (kv[1])", k_scale, ["float32"], (n,), "[N] or [N, 1]")
+    else:
+        _tensor(op, "k_scale (kv[1])", k_scale, ["float32"], (n, 1), "[N] or [N, 1]")
+    _tensor(op, "weights", weights, ["float32"], (m, h), "[M, H]")
+    _tensor(op, "cu_seqlen_ks", ks, ["int32"], (m,), "[M]")
+    _tensor(op, "cu_seqlen_ke", ke, ["int32"], (m,), "[M]")
+    if not isinstance(clean_logits, bool):
+        raise TypeError(f"{op}: clean_logits must be a bool; got {type(clean_logits).__name__}")
+    _same_device(op, {"q": q, "k": k, "k_scale": k_scale, "weights": weights,
+                      "cu_seqlen_ks": ks, "cu_seqlen_ke": ke})
+    if spec is not None:
+        _serves_device(op, q, spec)
+    if full and n and not bool((k_scale > 0).all()):
+        raise ValueError(f"{op}: k_scale must be > 0 everywhere (MQA_VALIDATE=full)")
+    return Problem(m, n, h, d)
+
+
+def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
+                          max_context_len: Any, clean_logits: Any, *,
+                          spec: Optional[ProviderSpec] = None, full: bool = False) -> Problem:
+    """Check the paged (decode) op's arguments; return the problem sizes (M = B * next_n)."""
+    op = "fp8_paged_mqa_logits"
+    allowed = _fp8(op, q, spec)
+    _tensor(op, "q", q, allowed, (None, None, None, None), "[B, next_n, H, D]")
+    b, next_n, h, d = q.shape
+    if h == 0 or d == 0 or next_n == 0:
+        raise ValueError(f"{op}: q must have next_n, H, D > 0; got {_desc(q)}")
+    _tensor(op, "kv_cache", kv_cache, ["uint8"], (None, None, 1, d + 4),
+            "[num_blocks, block_size, 1, D + 4]")
+    num_blocks, block_size = kv_cache.shape[:2]
+    _tensor(op, "weights", weights, ["float32"], (b * next_n, h), "[B * next_n, H]")
+    if hasattr(context_lens, "dim") and context_lens.dim() == 2:
+        _tensor(op, "context_lens", context_lens, ["int32"], (b, next_n), "[B] or [B, next_n]")
+    else:
+        _tensor(op, "context_lens", context_lens, ["int32"], (b,), "[B] or [B, next_n]")
+    _tensor(op, "block_tables", block_tables, ["int32"], (b, None), "[B, max_blocks]")
+    if not isinstance(max_context_len, int) or isinstance(max_context_len, bool) or max_context_len < 0:
+        raise TypeError(f"{op}: max_context_len must be a non-negative int; got {max_context_len!r}")
+    if not isinstance(clean_logits, bool):
+        raise TypeError(f"{op}: clean_logits must be a bool; got {type(clean_logits).__name__}")
+    _same_device(op, {"q": q, "kv_cache": kv_cache, "weights": weights,
+                      "context_lens": context_lens, "block_tables": block_tables})
+    if spec is not None:
+        _serves_device(op, q, spec)
+    if full and b:
+        covered = block_tables.shape[1] * block_size
+        longest = int(context_lens.max())
+        if longest > covered:
+            raise ValueError(f"{op}: context_lens up to {longest} exceed what block_tables covers "
+                             f"({block_tables.shape[1]} blocks x {block_size} = {covered}) (MQA_VALIDATE=full)")
+        if longest > max_context_len:
+            raise ValueError(f"{op}: context_lens up to {longest} exceed max_context_len={max_context_len}")
+        import torch
+
+        pos = torch.arange(block_tables.shape[1], device=block_tables.device) * block_size
+        lens = context_lens.max(dim=1).values if context_lens.dim() == 2 else context_lens
+        used = pos[None, :] < lens[:, None]
+        ids = block_tables[used]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_blocks):
+            raise ValueError(f"{op}: block_tables holds block ids outside [0, {num_blocks}) "
+                             f"(min {int(ids.min())}, max {int(ids.max())}) (MQA_VALIDATE=full)")
+    return Problem(b * next_n, max_context_len, h, d)
+
+
+def _serves_device(op: str, q: "torch.Tensor", spec: ProviderSpec) -> None:
+    from .arch import arch_of_device
+
+    arch = arch_of_device(q.device)
+    if not spec.serves_arch(arch):
+        raise ValueError(f"{op}: provider {spec.name} serves {', '.join(sorted(spec.archs))}; "
+                         f"the tensors are on {q.device} ({arch})")

@@ -1,0 +1,129 @@
+"""Ahead-of-time builds of the Triton kernel for GPUs this machine lacks, and facts read from them.
+
+``triton.compile`` with an explicit ``GPUTarget`` runs the whole backend on the CPU, so the AMD
+builds can be checked for fp8 MFMA instructions and the sm_90 build for fp8 wgmma (QGMMA in SASS),
+registers and spills without any GPU. The signature mirrors what the JIT sees at a real launch:
+16-byte-aligned pointers and strides, a unit k_scale stride.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from .fp8 import wants_fnuz
+from .ops.mqa_logits_triton import TritonConfig, default_config, kernel
+
+__all__ = ["TARGETS", "compile_for", "mfma_ops", "sass_facts", "SassFacts"]
+
+#: The targets the provider is built for, by normalised arch name.
+TARGETS = {
+    "gfx942": GPUTarget("hip", "gfx942", 64),
+    "gfx950": GPUTarget("hip", "gfx950", 64),
+    "sm_90": GPUTarget("cuda", 90, 32),
+}
+
+_ALIGNED = ("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "out_ptr",
+            "stride_qm", "stride_qh", "stride_kn", "stride_wm", "stride_om")
+
+
+def _target(name: str) -> GPUTarget:
+    if name in TARGETS:
+        return TARGETS[name]
+    from mqa_core.arch import normalize_arch
+
+    arch = normalize_arch(name)
+    if arch not in TARGETS:
+        raise ValueError(f"no AOT target for {name!r}; known: {', '.join(TARGETS)}")
+    return TARGETS[arch]
+
+
+def compile_for(target: str, *, h: int = 64, d: int = 128, config: Optional[TritonConfig] = None,
+                clean_logits: bool = True, **extra: Any) -> dict[str, Any]:
+    """Compile the kernel for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``) and return its asm
+    dict (``ttgir``, ``ptx``/``cubin`` or ``amdgcn``/``hsaco``, ...), plus the compiled kernel's
+    metadata under ``"metadata"``. q/k are e4m3fnuz on gfx942, e4m3fn elsewhere."""
+    tgt = _target(target)
+    arch = target if target in TARGETS else next(k for k, v in TARGETS.items() if v == tgt)
+    cfg = config or default_config(arch, h)
+    fp8 = "*fp8e4b8" if wants_fnuz(arch) else "*fp8e4nv"
+    fn = kernel(interpret=False)
+    constexprs = {
+        "stride_kscale": 1, "H": h, "H_PAD": max(16 // cfg.block_m, triton.next_power_of_2(h)),
+        "D": d, "D_PAD": max(32, triton.next_power_of_2(d)), "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n, "CLEAN": bool(clean_logits), **extra,
+    }
+    types = {"q_ptr": fp8, "k_ptr": fp8, "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32",
+             "ke_ptr": "*i32", "out_ptr": "*fp32"}
+    signature = {a: ("constexpr" if a in constexprs else types.get(a, "i32")) for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=tgt, options={"num_warps": cfg.num_warps,
+                                                       "num_stages": cfg.num_stages})
+    asm = dict(compiled.asm)
+    asm["metadata"] = compiled.metadata
+    return asm
+
+
+def mfma_ops(asm: dict[str, Any]) -> collections.Counter[str]:
+    """Count of each ``v_mfma*`` instruction in an AMD build's ISA."""
+    return collections.Counter(re.findall(r"^\s*(v_mfma_\w+)", asm["amdgcn"], re.MULTILINE))
+
+
+@dataclass(frozen=True)
+class SassFacts:
+    """What decides the speed of an sm_90 build: fp8 wgmma present, registers, spills."""
+
+    qgmma: int  # fp8 warpgroup MMA instructions
+    hgmma: int  # fp16/bf16 warpgroup MMA (should be 0: fp8 must not be upcast)
+    mma_other: int  # HMMA/IMMA (pre-Hopper mma.sync)
+    registers: int
+    spill_stores: int  # STL instructions
+    spill_loads: int  # LDL instructions
+    shared_bytes: int
+
+    def __str__(self) -> str:
+        return (f"QGMMA={self.qgmma} HGMMA={self.hgmma} mma.sync={self.mma_other} "
+                f"regs={self.registers} STL={self.spill_stores} LDL={self.spill_loads} "
+                f"smem={self.shared_bytes}B")
+
+
+def _nvidia_tool(name: str) -> str:
+    return getattr(triton.knobs.nvidia, name).path
+
+
+def sass(asm: dict[str, Any]) -> str:
+    """The SASS of an sm_90 build, via the cuobjdump shipped with triton."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(asm["cubin"])
+        return subprocess.run([_nvidia_tool("cuobjdump"), "-sass", str(path)], check=True,
+                              capture_output=True, text=True).stdout
+
+
+def sass_facts(asm: dict[str, Any]) -> SassFacts:
+    """Count MMA kinds and spills in the SASS; registers from the build's metadata or the cubin."""
+    text = sass(asm)
+    ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text, re.MULTILINE)
+    count = collections.Counter(op for op in ops)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(asm["cubin"])
+        usage = subprocess.run([_nvidia_tool("cuobjdump"), "-res-usage", str(path)], check=True,
+                               capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    return SassFacts(
+        qgmma=count["QGMMA"], hgmma=count["HGMMA"], mma_other=count["HMMA"] + count["IMMA"],
+        registers=int(regs.group(1)) if regs else -1,
+        spill_stores=count["STL"], spill_loads=count["LDL"],
+        shared_bytes=int(getattr(asm["metadata"], "shared", 0)),
+    )

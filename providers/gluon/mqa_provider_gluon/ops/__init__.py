@@ -1,0 +1,1 @@
+"""Triton kernels of the gluon provider, one op per module; nothing imports triton until used."""

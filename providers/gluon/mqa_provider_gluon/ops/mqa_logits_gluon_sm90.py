@@ -1,0 +1,430 @@
+"""fp8 MQA logits as a Gluon kernel for Hopper (sm_90), written against triton 3.6's Gluon API.
+
+Mapping (why it is fast): one wgmma per key tile with M = keys (a K tile [BN, D] in shared memory,
+K-major, operand A) and N = queries x heads of a query block (Q[m0:m0+BQ] viewed as [BQ*H, D], K-major,
+operand B), K = D.  The head sum for one (key, query) is then a reduction over H adjacent accumulator
+columns, which the wgmma accumulator layout keeps inside a thread plus two quad shuffles.
+
+Kernels (both share one epilogue):
+- ``_logits_kernel_simple``: one partition; TMA into a STAGES-deep ring guarded by mbarriers, synchronous
+  wgmma.  Kept as the reference design and fallback (``config={"ws": False}``).
+- ``_logits_kernel_ws``: warp specialised; a 1-warp TMA loader partition and two 4-warp math partitions
+  that take alternate key tiles, so one warpgroup's epilogue (relu, weight FMA, head sum, k_scale, store)
+  runs while the other warpgroup's wgmma is in flight.
+
+Work split: the grid is (key chunk, query block); a CTA handles CHUNK key tiles of one query block and
+exits early when the chunk misses every window of the block, so the hardware block scheduler balances
+causal windows.  Tiles outside every window but inside [0, N) are filled with -inf by the CTA that owns
+them (clean_logits), so the kernel alone writes every output cell.
+
+Gluon is imported lazily: importing this module never fails on another triton version;
+``gluon_supported()`` says why the kernel cannot run here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SUPPORTED_TRITON = "3.6"  # the Gluon API this file was written against (it changes between releases)
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "BN": 64,  # keys per tile (wgmma M; 64 = one warpgroup)
+    "BQ": None,  # queries per block; None -> 256 // H (wgmma N = BQ*H <= 256)
+    "STAGES": 6,  # depth of the K shared-memory ring
+    "CHUNK": 16,  # key tiles per CTA
+    "ws": True,  # warp-specialised kernel (loader + 2 math warpgroups)
+    "relu_abs": False,  # relu(x)*w as (x+|x|)*(w/2): two FFMA instead of FMNMX+FFMA
+    "math_regs": 232,  # registers per thread of the second math partition (ws only)
+    "loader_regs": 40,  # registers per thread of the loader partition (ws only)
+    "maxnreg": None,  # kernel-wide register cap (ws only; the default partition gets what is left)
+}
+
+
+def _triton_version_reason() -> str | None:
+    try:
+        import triton
+    except Exception as exc:  # pragma: no cover - triton missing entirely
+        return f"triton is not importable ({exc!r})"
+    ver = getattr(triton, "__version__", "?")
+    if not ver.startswith(SUPPORTED_TRITON + "."):
+        return (f"mqa_logits_gluon_sm90 was written for triton {SUPPORTED_TRITON}.x's Gluon API; "
+                f"installed triton is {ver}")
+    return None
+
+
+def gluon_supported(device: torch.device | int | None = None) -> str | None:
+    """None when the kernel can run on ``device`` (default: current CUDA device), else the reason."""
+    reason = _triton_version_reason()
+    if reason:
+        return reason
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.version.hip is not None:
+        return "the Gluon sm_90 kernel needs an NVIDIA GPU (this is a ROCm build)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"the Gluon kernel targets sm_90 (wgmma); this device is sm_{major}{minor}"
+    try:
+        _kernels()
+    except Exception as exc:  # an API mismatch shows up here, not at import of this module
+        return f"Gluon kernels failed to build: {exc!r}"
+    return None
+
+
+try:  # guarded: the module must import on any triton; gluon_supported() reports what is missing
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    _jit, _constexpr_function = gluon.jit, gluon.constexpr_function
+    _GLUON_IMPORT_ERROR: str | None = None
+except Exception as _exc:  # pragma: no cover - depends on the installed triton
+    _GLUON_IMPORT_ERROR = repr(_exc)
+
+    def _jit(fn):  # type: ignore[no-redef]
+        return fn
+
+    _constexpr_function = _jit
+
+@_constexpr_function
+def mma_layout(BN, NCOL, num_warps):
+    # one warpgroup per 64 keys; the instruction takes all BQ*H columns (n <= 256)
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                     instr_shape=[16, NCOL, 32])
+
+@_constexpr_function
+def out_layout(BN, num_warps):
+    # keys are contiguous in the output: each thread stores BN//32 adjacent keys of one query
+    return gl.BlockedLayout([BN // 32, 1], [32, 1], [1, num_warps], [0, 1])
+
+@_jit
+def _block_window(ks_ptr, ke_ptr, m0, M, N, BQ: gl.constexpr, layout: gl.constexpr):
+    """Clamped per-query windows of the block and the key range [lo, hi) they cover."""
+    offs = m0 + gl.arange(0, BQ, layout=layout)
+    valid = offs < M
+    ks = gl.maximum(gl.load(ks_ptr + offs, mask=valid, other=0), 0)
+    ke = gl.minimum(gl.load(ke_ptr + offs, mask=valid, other=0), N)
+    empty = ks >= ke
+    lo = gl.min(gl.where(empty, N, ks), axis=0)
+    hi = gl.max(gl.where(empty, 0, ke), axis=0)
+    return ks, ke, lo, hi
+
+@_jit
+def _chunk_tiles(ks_ptr, ke_ptr, m0, M, N, BQ: gl.constexpr, BN: gl.constexpr, CHUNK: gl.constexpr,
+                 num_warps: gl.constexpr):
+    """Tile range [c0, c1) of this CTA's chunk and its sub-range [t0, t1) that meets a window."""
+    lay1: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    _, _, lo, hi = _block_window(ks_ptr, ke_ptr, m0, M, N, BQ, lay1)
+    n_tiles = gl.cdiv(N, BN)
+    c0 = gl.program_id(0) * CHUNK
+    c1 = gl.minimum(c0 + CHUNK, n_tiles)
+    t0 = gl.minimum(gl.maximum(lo // BN, c0), c1)  # stay inside the chunk: the fill must not cross it
+    t1 = gl.maximum(gl.minimum(gl.cdiv(hi, BN), c1), t0)
+    return c0, c1, t0, t1
+
+@_jit
+def _load_weights(w_ptr, m0, M, H: gl.constexpr, BQ: gl.constexpr, RELU_ABS: gl.constexpr,
+                  layout: gl.constexpr):
+    """weights[m0 + j // H, j % H] for the accumulator's columns j, as a [1, BQ*H] row."""
+    cols = gl.arange(0, BQ * H, layout=gl.SliceLayout(0, layout))
+    rows = m0 + cols // H
+    w = gl.load(w_ptr + rows.to(gl.int64) * H + cols % H, mask=rows < M, other=0.0)
+    if RELU_ABS:
+        w = w * 0.5
+    return gl.expand_dims(w, 0)
+
+@_jit
+def _epilogue(acc, w_row, ks_ptr, ke_ptr, ksc_ptr, out_ptr, out_stride, m0, n0, M, N,
+              H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, CLEAN: gl.constexpr,
+              RELU_ABS: gl.constexpr, num_warps: gl.constexpr):
+    """relu, weight FMA, head sum, k_scale, window mask; store the [BQ, BN] logits tile."""
+    if RELU_ABS:
+        p = (acc + gl.abs(acc)) * w_row
+    else:
+        p = gl.maximum(acc, 0.0) * w_row
+    s = gl.sum(gl.reshape(p, [BN, BQ, H]), axis=2)  # [BN keys, BQ queries]
+    olay: gl.constexpr = out_layout(BN, num_warps)
+    s = gl.convert_layout(s, olay)
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay))
+    offs_m = m0 + gl.arange(0, BQ, layout=gl.SliceLayout(0, olay))
+    ksc = gl.load(ksc_ptr + offs_n, mask=offs_n < N, other=0.0)
+    s = s * gl.expand_dims(ksc, 1)
+    n2 = gl.expand_dims(offs_n, 1)
+    m2 = gl.expand_dims(offs_m, 0)
+    if CLEAN:
+        qv = offs_m < M
+        ks = gl.load(ks_ptr + offs_m, mask=qv, other=0)
+        ke = gl.load(ke_ptr + offs_m, mask=qv, other=0)
+        inwin = (n2 >= gl.expand_dims(ks, 0)) & (n2 < gl.expand_dims(ke, 0))
+        s = gl.where(inwin, s, float("-inf"))
+    ptrs = out_ptr + m2.to(gl.int64) * out_stride + n2
+    gl.store(ptrs, s, mask=(n2 < N) & (m2 < M))
+
+@_jit
+def _fill_neg_inf(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, BN: gl.constexpr,
+                  num_warps: gl.constexpr):
+    """-inf into tiles [first, last) of the block's rows (tiles that meet no window)."""
+    olay: gl.constexpr = out_layout(BN, num_warps)
+    offs_m = m0 + gl.arange(0, BQ, layout=gl.SliceLayout(0, olay))
+    m2 = gl.expand_dims(offs_m, 0)
+    row = out_ptr + m2.to(gl.int64) * out_stride
+    ninf = gl.full([BN, BQ], float("-inf"), gl.float32, olay)
+    for t in range(first, last):
+        n2 = gl.expand_dims(t * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, olay)), 1)
+        gl.store(row + n2, ninf, mask=(n2 < N) & (m2 < M))
+
+# ---------------------------------------------------------------- stage (a): one partition
+@_jit
+def _logits_kernel_simple(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N,
+                          H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                          CHUNK: gl.constexpr, CLEAN: gl.constexpr, RELU_ABS: gl.constexpr,
+                          num_warps: gl.constexpr):
+    m0 = gl.program_id(1) * BQ
+    c0, c1, t0, t1 = _chunk_tiles(ks_ptr, ke_ptr, m0, M, N, BQ, BN, CHUNK, num_warps)
+    if CLEAN:
+        _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, num_warps)
+        _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, num_warps)
+    if t1 > t0:
+        NCOL: gl.constexpr = BQ * H
+        D: gl.constexpr = q_desc.block_type.shape[1]
+        mlay: gl.constexpr = mma_layout(BN, NCOL, num_warps)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NCOL, D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.init(bars.index(i), count=1)
+        q_bar = bars.index(STAGES)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [m0 * H, 0], q_bar, q_smem)
+        n_t = t1 - t0
+        for i in gl.static_range(STAGES - 1):
+            pre = i < n_t
+            mbarrier.expect(bars.index(i), k_desc.block_type.nbytes, pred=pre)
+            tma.async_copy_global_to_shared(k_desc, [(t0 + i) * BN, 0], bars.index(i), k_smem.index(i),
+                                            pred=pre)
+        w_row = _load_weights(w_ptr, m0, M, H, BQ, RELU_ABS, mlay)
+        acc = gl.zeros([BN, NCOL], gl.float32, mlay)
+        mbarrier.wait(q_bar, 0)
+        for i in range(n_t):
+            # refill the slot freed by the (synchronous) wgmma of the previous iteration
+            j = i + STAGES - 1
+            pre = j < n_t
+            sj = j % STAGES
+            mbarrier.expect(bars.index(sj), k_desc.block_type.nbytes, pred=pre)
+            tma.async_copy_global_to_shared(k_desc, [(t0 + j) * BN, 0], bars.index(sj), k_smem.index(sj),
+                                            pred=pre)
+            s = i % STAGES
+            mbarrier.wait(bars.index(s), (i // STAGES) & 1)
+            acc = warpgroup_mma(k_smem.index(s), q_smem.permute((1, 0)), acc, use_acc=False)
+            _epilogue(acc, w_row, ks_ptr, ke_ptr, ksc_ptr, out_ptr, out_stride, m0, (t0 + i) * BN, M, N, H,
+                      BQ, BN, CLEAN, RELU_ABS, num_warps)
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.invalidate(bars.index(i))
+
+# ---------------------------------------------------------------- stage (b): warp specialised
+@_jit
+def _ws_loader(q_desc, k_desc, q_smem, k_smem, ready, empty, q_bar, m0, t0, n_t, H: gl.constexpr,
+               BN: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [m0 * H, 0], q_bar, q_smem)
+    for i in range(n_t):
+        s = i % STAGES
+        # slots start free: the first lap waits on the opposite parity, which passes at once
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [(t0 + i) * BN, 0], ready.index(s), k_smem.index(s))
+
+@_jit
+def _ws_math(q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+             M, N, m0, t0, n_t, WG: gl.constexpr, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr,
+             STAGES: gl.constexpr, CLEAN: gl.constexpr, RELU_ABS: gl.constexpr):
+    """One math warpgroup: key tiles t0+WG, t0+WG+2, ...; wgmma then epilogue, slot freed early."""
+    NCOL: gl.constexpr = BQ * H
+    mlay: gl.constexpr = mma_layout(BN, NCOL, 4)
+    w_row = _load_weights(w_ptr, m0, M, H, BQ, RELU_ABS, mlay)
+    acc = gl.zeros([BN, NCOL], gl.float32, mlay)
+    mbarrier.wait(q_bar, 0)
+    for i in range(WG, n_t, 2):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        acc = warpgroup_mma(k_smem.index(s), q_smem.permute((1, 0)), acc, use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index(s), count=1)
+        _epilogue(acc, w_row, ks_ptr, ke_ptr, ksc_ptr, out_ptr, out_stride, m0, (t0 + i) * BN, M, N, H, BQ,
+                  BN, CLEAN, RELU_ABS, 4)
+
+@_jit
+def _ws_math0(q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N,
+              m0, t0, n_t, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              CLEAN: gl.constexpr, RELU_ABS: gl.constexpr):
+    _ws_math(q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N,
+             m0, t0, n_t, 0, H, BQ, BN, STAGES, CLEAN, RELU_ABS)
+
+@_jit
+def _ws_math1(q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N,
+              m0, t0, n_t, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              CLEAN: gl.constexpr, RELU_ABS: gl.constexpr):
+    _ws_math(q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N,
+             m0, t0, n_t, 1, H, BQ, BN, STAGES, CLEAN, RELU_ABS)
+
+@_jit
+def _logits_kernel_ws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N,
+                      H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                      CHUNK: gl.constexpr, CLEAN: gl.constexpr, RELU_ABS: gl.constexpr,
+                      MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
+    m0 = gl.program_id(1) * BQ
+    c0, c1, t0, t1 = _chunk_tiles(ks_ptr, ke_ptr, m0, M, N, BQ, BN, CHUNK, num_warps)
+    if CLEAN:
+        _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, num_warps)
+        _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, num_warps)
+    if t1 > t0:
+        NCOL: gl.constexpr = BQ * H
+        D: gl.constexpr = q_desc.block_type.shape[1]
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [NCOL, D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(q_bar, count=1)
+        n_t = t1 - t0
+        # the tuples are built inline: a tuple bound to a name would turn its constexprs into tensors
+        gl.warp_specialize([
+            (_ws_math0, (q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+                         M, N, m0, t0, n_t, H, BQ, BN, STAGES, CLEAN, RELU_ABS)),
+            (_ws_math1, (q_smem, k_smem, ready, empty, q_bar, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+                         M, N, m0, t0, n_t, H, BQ, BN, STAGES, CLEAN, RELU_ABS)),
+            (_ws_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_bar, m0, t0, n_t, H, BN, STAGES)),
+        ], [4, 1], [MATH_REGS, LOADER_REGS])
+
+
+def _kernels() -> dict[str, Any]:
+    """The kernels by name; raises when triton's Gluon did not import."""
+    if _GLUON_IMPORT_ERROR is not None:
+        raise RuntimeError(f"triton.experimental.gluon is unusable: {_GLUON_IMPORT_ERROR}")
+    return {"simple": _logits_kernel_simple, "ws": _logits_kernel_ws}
+
+
+
+
+def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """DEFAULT_CONFIG overridden by ``config``; BQ defaults to 256 // H (wgmma N = BQ*H <= 256)."""
+    cfg = dict(DEFAULT_CONFIG)
+    if config:
+        unknown = set(config) - set(cfg)
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(cfg)}")
+        cfg.update(config)
+    if cfg["BQ"] is None:
+        cfg["BQ"] = max(1, 256 // H)
+    bq, bn = cfg["BQ"], cfg["BN"]
+    if bq * H > 256 or (bq * H) % 8 or bq & (bq - 1):
+        raise ValueError(f"BQ*H must be a multiple of 8 and <= 256 with BQ a power of two (BQ={bq}, H={H})")
+    if bn != 64:
+        raise ValueError(f"BN must be 64 (one warpgroup's wgmma M), got {bn}")
+    return cfg
+
+
+def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple[str, dict[str, Any]]:
+    """Which kernel and its constexpr / launch options for a resolved config."""
+    common = dict(H=H, BQ=cfg["BQ"], BN=cfg["BN"], STAGES=cfg["STAGES"], CHUNK=cfg["CHUNK"],
+                  CLEAN=bool(clean_logits), RELU_ABS=bool(cfg["relu_abs"]), num_warps=4)
+    if cfg["ws"]:
+        common.update(MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])
+        if cfg["maxnreg"] is not None:
+            common["maxnreg"] = cfg["maxnreg"]
+        return "ws", common
+    return "simple", common
+
+
+def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                         ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True, *,
+                         config: dict[str, Any] | None = None) -> torch.Tensor:
+    """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
+
+    Returns an [M, N] fp32 view of an [M, N_pad] allocation (row stride 16-byte aligned for TMA).
+    """
+    reason = gluon_supported(q.device)
+    if reason:
+        raise RuntimeError(reason)
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    M, H, D = q.shape
+    N = k.shape[0]
+    if D % 16 or D > 256:
+        raise ValueError(f"D must be a multiple of 16 and <= 256, got {D}")
+    cfg = resolve_config(H, config)
+    bq, bn = cfg["BQ"], cfg["BN"]
+    n_pad = (N + 3) // 4 * 4
+    out = torch.empty((M, n_pad), dtype=torch.float32, device=q.device)[:, :N]
+    if M == 0 or N == 0:
+        return out.fill_(float("-inf")) if clean_logits else out
+    q2 = q.reshape(M * H, D)
+    k = k.contiguous()
+    q2 = q2.contiguous()
+    q_desc = TensorDescriptor.from_tensor(q2, [bq * H, D], gl.NVMMASharedLayout.get_default_for([bq * H, D],
+                                                                                                 gl.float8e4nv))
+    k_desc = TensorDescriptor.from_tensor(k, [bn, D], gl.NVMMASharedLayout.get_default_for([bn, D], gl.float8e4nv))
+    ksc = k_scale.reshape(N).contiguous().float()
+    w = weights.contiguous().float()
+    ks_i = ks.contiguous().to(torch.int32)
+    ke_i = ke.contiguous().to(torch.int32)
+    grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
+    name, kw = kernel_launch_args(cfg, H, clean_logits)
+    _kernels()[name][grid](q_desc, k_desc, w, ksc, ks_i, ke_i, out, out.stride(0), M, N, **kw)
+    return out
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None):
+    """Compile the kernel ahead of time for sm_90 (no GPU needed); returns triton's CompiledKernel.
+
+    ``.asm["cubin"]`` holds the binary; disassemble it with the cuobjdump shipped with triton.
+    """
+    reason = _triton_version_reason()
+    if reason:
+        raise RuntimeError(reason)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cfg = resolve_config(H, config)
+    name, kw = kernel_launch_args(cfg, H, clean_logits)
+    fn = _kernels()[name]
+    lay = gl.NVMMASharedLayout.get_default_for([cfg["BQ"] * H, D], gl.float8e4nv)
+    klay = gl.NVMMASharedLayout.get_default_for([cfg["BN"], D], gl.float8e4nv)
+
+    def desc(shape, layout):
+        return f"tensordesc<fp8e4nv[{shape[0]}, {shape[1]}],{layout!r}>"
+
+    sig = {"q_desc": desc([cfg["BQ"] * H, D], lay), "k_desc": desc([cfg["BN"], D], klay), "w_ptr": "*fp32",
+           "ksc_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "out_stride": "i32",
+           "M": "i32", "N": "i32"}
+    options = {"num_warps": kw.pop("num_warps")}
+    if "maxnreg" in kw:
+        options["maxnreg"] = kw.pop("maxnreg")
+    constexprs = {}
+    for key, val in kw.items():
+        sig[key] = "constexpr"
+        constexprs[(fn.arg_names.index(key), )] = val
+    sig["num_warps"] = "constexpr"
+    constexprs[(fn.arg_names.index("num_warps"), )] = options["num_warps"]
+    attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in ("w_ptr", "ksc_ptr", "ks_ptr", "ke_ptr",
+                                                                            "out_ptr")}
+    src = GluonASTSource(fn, sig, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -1,0 +1,124 @@
+"""Exact fp32 implementations of both ops, chunked so temporaries stay under a memory bound.
+
+fp8 is upcast to fp32 chunk by chunk (fp8 matmul on the CPU is hundreds of times slower, and an
+[H, M, N] fp32 intermediate for an 8k prompt does not fit), and each row chunk computes only the key
+columns its windows can see, so causal prefill does about half the work.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from mqa_core.reference import split_paged_cache, visible_lengths
+
+DEFAULT_MEMORY_MB = 512
+
+
+def memory_bound_bytes() -> int:
+    """Temporary-memory bound: ``MQA_TORCH_REF_MEMORY_MB`` (default 512 MiB)."""
+    return int(float(os.environ.get("MQA_TORCH_REF_MEMORY_MB", DEFAULT_MEMORY_MB)) * 2**20)
+
+
+def chunk_sizes(rows: int, h: int, d: int, n: int, budget: int) -> tuple[int, int]:
+    """Row and column chunk sizes whose fp32 temporaries stay under ``budget`` bytes.
+
+    Per step the temporaries are the scores [rc*H, cc], the head-summed result and mask [rc, cc],
+    and the upcast q [rc, H, D] and k [cc, D]. Rows stay few (256) so that a causal row chunk's key
+    span is tight; columns take what the budget leaves, up to 8192.
+    """
+    rc = max(1, min(rows, 256))
+    while True:
+        per_col = rc * h * 4 + rc * 5 + d * 4
+        cc = (budget - rc * h * d * 4) // per_col
+        if cc >= 64 or rc == 1:
+            return rc, int(max(1, min(n, cc, 8192)))
+        rc = max(1, rc // 2)
+
+
+#: (c0, c1) -> (keys [c1-c0, D] in any float dtype, their scales [c1-c0] float32)
+Keys = Callable[[int, int], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+def _row_chunk(out: torch.Tensor, q: torch.Tensor, w: torch.Tensor, keys: Keys,
+               ks: torch.Tensor, ke: torch.Tensor, lo: int, hi: int, cols: int) -> None:
+    """Fill out[:, lo:hi] (one row chunk) with the contract's values, -inf outside each window."""
+    rc, h, d = q.shape
+    flat = q.float().reshape(rc * h, d)
+    w = w.unsqueeze(1)
+    for c0 in range(lo, hi, cols):
+        c1 = min(hi, c0 + cols)
+        k, k_scale = keys(c0, c1)
+        scores = torch.mm(flat, k.float().T).relu_().view(rc, h, c1 - c0)
+        res = torch.bmm(w, scores).squeeze(1).mul_(k_scale)
+        idx = torch.arange(c0, c1, device=q.device)[None, :]
+        res.masked_fill_((idx < ks[:, None]) | (idx >= ke[:, None]), float("-inf"))
+        out[:, c0:c1] = res
+
+
+@dataclass(frozen=True)
+class TorchRefKernels:
+    """The kernel object named by the spec: one method per op."""
+
+    def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                       weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
+                       *, clean_logits: bool = True) -> torch.Tensor:
+        k, k_scale = kv
+        k_scale = k_scale.reshape(-1).float()
+        m, h, d = q.shape
+        n = k.shape[0]
+        # -inf everywhere first: out-of-window cells are -inf (clean) and never NaN (not clean).
+        out = torch.full((m, n), float("-inf"), dtype=torch.float32, device=q.device)
+        if m == 0 or n == 0:
+            return out
+        ks = cu_seqlen_ks.long().clamp(0, n)
+        ke = cu_seqlen_ke.long().clamp(0, n)
+        rc, cols = chunk_sizes(m, h, d, n, memory_bound_bytes())
+        ks_host, ke_host = ks.tolist(), ke.tolist()  # one sync: chunk spans are host decisions
+        for r0 in range(0, m, rc):
+            r1 = min(m, r0 + rc)
+            lo, hi = min(ks_host[r0:r1]), max(ke_host[r0:r1])
+            if lo < hi:
+                _row_chunk(out[r0:r1], q[r0:r1], weights[r0:r1],
+                           lambda c0, c1: (k[c0:c1], k_scale[c0:c1]),
+                           ks[r0:r1], ke[r0:r1], lo, hi, cols)
+        return out
+
+    def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_tables: torch.Tensor,
+                             max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+        b, next_n, h, d = q.shape
+        out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float32,
+                         device=q.device)
+        if out.numel() == 0:
+            return out
+        values, scales = split_paged_cache(kv_cache)
+        values = values.view(q.dtype)
+        block_size = values.shape[1]
+        covered = min(max_context_len, block_tables.shape[1] * block_size)
+        ke = visible_lengths(context_lens, next_n).clamp(0, covered)
+        zero = torch.zeros_like(ke)
+        rc, cols = chunk_sizes(next_n, h, d, covered, memory_bound_bytes())
+        ke_host = ke.tolist()
+        for bi in range(b):
+            table = block_tables[bi].long()
+
+            def keys(c0: int, c1: int, table: torch.Tensor = table) -> tuple[torch.Tensor, torch.Tensor]:
+                pos = torch.arange(c0, c1, device=q.device)
+                blk, off = table[pos // block_size], pos % block_size
+                return values[blk, off], scales[blk, off]
+
+            for r0 in range(0, next_n, rc):
+                r1 = min(next_n, r0 + rc)
+                rows = slice(bi * next_n + r0, bi * next_n + r1)
+                hi = max(ke_host[rows])
+                if hi > 0:
+                    _row_chunk(out[rows], q[bi, r0:r1], weights[rows], keys, zero[rows], ke[rows],
+                               0, hi, cols)
+        return out
+
+
+KERNELS = TorchRefKernels()
