@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from . import registry, validate
 from .arch import arch_of_device, detect_arch, normalize_arch
@@ -16,15 +16,15 @@ if TYPE_CHECKING:
 DEFAULT_OP = "fp8_mqa_logits"
 
 
-def _normalize(arch: Optional[str], op: str, dtype: Any) -> tuple[str, Optional[str]]:
+def _normalize(arch: str | None, op: str, dtype: Any) -> tuple[str, str | None]:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {', '.join(OPS)}")
     arch = detect_arch() if arch is None else normalize_arch(arch)
     return arch, None if dtype is None else validate.dtype_name(dtype)
 
 
-def get_provider(arch: Optional[str] = None, *, op: str = DEFAULT_OP, dtype: Any = None,
-                 problem: Optional[Problem] = None) -> Provider:
+def get_provider(arch: str | None = None, *, op: str = DEFAULT_OP, dtype: Any = None,
+                 problem: Problem | None = None) -> Provider:
     """The provider that serves ``op`` on ``arch`` (None: this process's current device).
 
     For an explicit arch the answer is what would serve that arch with what is installed here.
@@ -40,8 +40,8 @@ def get_provider(arch: Optional[str] = None, *, op: str = DEFAULT_OP, dtype: Any
     return registry.provider_for(a, op, d, problem, fast_key=key if arch is not None else None)
 
 
-def explain(arch: Optional[str] = None, *, op: str = DEFAULT_OP, dtype: Any = None,
-            problem: Optional[Problem] = None) -> Decision:
+def explain(arch: str | None = None, *, op: str = DEFAULT_OP, dtype: Any = None,
+            problem: Problem | None = None) -> Decision:
     """Every discovered provider (and broken plugin), accepted or rejected with reasons, and the choice.
 
     The chosen provider's kernel object is loaded, so a provider that fails to import shows as

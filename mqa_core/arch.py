@@ -62,7 +62,7 @@ def arch_of_device(device: Any) -> str:
     return _cuda_arch(index)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_arch(index: int) -> str:
     # Device properties do not change while a process lives, so one query per device index.
     import torch

@@ -7,7 +7,7 @@ always tell the same story.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .spec import Problem
 
@@ -23,7 +23,7 @@ class Candidate:
     accepted: bool
     code: str = ""
     reason: str = ""
-    priority: Optional[int] = None
+    priority: int | None = None
     distribution: str = ""
     version: str = ""
 
@@ -38,10 +38,10 @@ class Decision:
 
     arch: str
     op: str
-    dtype: Optional[str]
-    problem: Optional[Problem]
+    dtype: str | None
+    problem: Problem | None
     candidates: tuple[Candidate, ...]
-    chosen: Optional[str]
+    chosen: str | None
     why: str
 
     @property

@@ -10,8 +10,9 @@ from __future__ import annotations
 import importlib.metadata as md
 import logging
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import pluggy
 
@@ -66,7 +67,7 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def discover(settings: Settings, entry_points: Optional[Iterable[Any]] = None) -> Discovery:
+def discover(settings: Settings, entry_points: Iterable[Any] | None = None) -> Discovery:
     """Load the plugins allowed by ``settings`` and collect their specs."""
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)

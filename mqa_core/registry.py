@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .decision import Decision
 from .discovery import Discovery, discover
@@ -22,14 +21,14 @@ from .spec import Problem, ProviderSpec
 
 log = logging.getLogger("mqa_core")
 
-PlanKey = tuple[str, str, Optional[str]]  # (arch, op, dtype)
+PlanKey = tuple[str, str, str | None]  # (arch, op, dtype)
 
 
 @dataclass
 class _State:
     settings: Settings
     discovery: Discovery
-    checks: dict[tuple[str, str], Optional[str]] = field(default_factory=dict)
+    checks: dict[tuple[str, str], str | None] = field(default_factory=dict)
     load_errors: dict[str, str] = field(default_factory=dict)
     providers: dict[str, Provider] = field(default_factory=dict)
     #: (arch, op, dtype) -> specs that may serve it, in the order they are tried.
@@ -39,7 +38,7 @@ class _State:
 
 
 _lock = threading.RLock()
-_state: Optional[_State] = None
+_state: _State | None = None
 
 
 def state() -> _State:
@@ -66,14 +65,14 @@ def reload() -> None:
         _state = None
 
 
-def _check(s: _State, spec: ProviderSpec, arch: str) -> Optional[str]:
+def _check(s: _State, spec: ProviderSpec, arch: str) -> str | None:
     key = (spec.name, arch)
     if key not in s.checks:
         s.checks[key] = run_check(spec, arch)
     return s.checks[key]
 
 
-def decision(arch: str, op: str, dtype: Optional[str], problem: Optional[Problem]) -> Decision:
+def decision(arch: str, op: str, dtype: str | None, problem: Problem | None) -> Decision:
     """The full trace for a request, as of what has been checked and loaded so far."""
     s = state()
     with _lock:
@@ -95,7 +94,7 @@ def _plan(s: _State, key: PlanKey) -> tuple[ProviderSpec, ...]:
     return plan
 
 
-def _load(s: _State, spec: ProviderSpec) -> Optional[Provider]:
+def _load(s: _State, spec: ProviderSpec) -> Provider | None:
     provider = s.providers.get(spec.name)
     if provider is None and spec.name not in s.load_errors:
         try:
@@ -110,8 +109,8 @@ def _load(s: _State, spec: ProviderSpec) -> Optional[Provider]:
     return provider
 
 
-def provider_for(arch: str, op: str, dtype: Optional[str], problem: Optional[Problem],
-                 fast_key: Optional[tuple[object, str, object]] = None) -> Provider:
+def provider_for(arch: str, op: str, dtype: str | None, problem: Problem | None,
+                 fast_key: tuple[object, str, object] | None = None) -> Provider:
     """Choose and load the provider for a request, or raise with the whole trace."""
     s = state()
     with _lock:

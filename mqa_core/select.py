@@ -6,7 +6,7 @@ can pass a fake system. The precedence lives in :func:`sort_key`.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from .decision import Candidate, Decision
 from .discovery import BrokenPlugin
@@ -14,7 +14,7 @@ from .settings import Settings
 from .spec import Problem, ProviderSpec
 
 #: (spec, arch) -> None or the reason the runtime check rejects it. The registry caches it.
-CheckFn = Callable[[ProviderSpec, str], Optional[str]]
+CheckFn = Callable[[ProviderSpec, str], str | None]
 
 
 def sort_key(spec: ProviderSpec) -> tuple[int, str]:
@@ -22,7 +22,7 @@ def sort_key(spec: ProviderSpec) -> tuple[int, str]:
     return (-spec.priority, spec.name)
 
 
-def run_check(spec: ProviderSpec, arch: str) -> Optional[str]:
+def run_check(spec: ProviderSpec, arch: str) -> str | None:
     """Call a spec's runtime check; one that raises is a rejection, never a crash."""
     if spec.check is None:
         return None
@@ -33,7 +33,7 @@ def run_check(spec: ProviderSpec, arch: str) -> Optional[str]:
     return None if reason is None else str(reason)
 
 
-def shape_reason(spec: ProviderSpec, problem: Problem) -> Optional[str]:
+def shape_reason(spec: ProviderSpec, problem: Problem) -> str | None:
     if spec.shape_limits is None:
         return None
     try:
@@ -43,8 +43,8 @@ def shape_reason(spec: ProviderSpec, problem: Problem) -> Optional[str]:
     return None if reason is None else str(reason)
 
 
-def _judge(spec: ProviderSpec, arch: str, op: str, dtype: Optional[str],
-           problem: Optional[Problem], settings: Settings, check: CheckFn,
+def _judge(spec: ProviderSpec, arch: str, op: str, dtype: str | None,
+           problem: Problem | None, settings: Settings, check: CheckFn,
            load_errors: Mapping[str, str]) -> Candidate:
     def reject(code: str, reason: str) -> Candidate:
         return Candidate(spec.name, False, code, reason, spec.priority, spec.distribution, spec.version)
@@ -70,12 +70,12 @@ def _judge(spec: ProviderSpec, arch: str, op: str, dtype: Optional[str],
 
 
 def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settings: Settings, *,
-           arch: str, op: str, dtype: Optional[str] = None, problem: Optional[Problem] = None,
+           arch: str, op: str, dtype: str | None = None, problem: Problem | None = None,
            check: CheckFn = run_check, load_errors: Mapping[str, str] = {}) -> Decision:
     """Judge every spec for the request and choose; never substitutes for an explicit preference."""
     ordered = sorted(specs, key=sort_key)
     judged = [_judge(s, arch, op, dtype, problem, settings, check, load_errors) for s in ordered]
-    chosen: Optional[str] = None
+    chosen: str | None = None
     if settings.preference:
         by_name = {c.name: c for c in judged}
         for name in settings.preference:

@@ -7,8 +7,8 @@ Reading them once keeps selection deterministic inside a process and the per-cal
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 #: name -> what it does; also the source of ``mqa --help``'s environment section.
 ENV_VARS = {
@@ -20,7 +20,7 @@ ENV_VARS = {
 }
 
 
-def _names(text: Optional[str]) -> tuple[str, ...]:
+def _names(text: str | None) -> tuple[str, ...]:
     if text is None:
         return ()
     return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
@@ -31,7 +31,7 @@ class Settings:
     preference: tuple[str, ...] = ()
     disabled: frozenset[str] = frozenset()
     #: None: load every plugin; otherwise only these entry-point names.
-    plugins: Optional[frozenset[str]] = None
+    plugins: frozenset[str] | None = None
     strict: bool = False
     validate_full: bool = False
 

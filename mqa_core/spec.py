@@ -8,8 +8,8 @@ kernel library (triton, aiter); the object is imported only once the provider is
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from .arch import ANY_ARCH, KNOWN_ARCHS
 
@@ -54,9 +54,9 @@ class Problem:
 
 
 #: A runtime check: given the arch asked for, None when usable, else the reason it is not.
-RuntimeCheck = Callable[[str], Optional[str]]
+RuntimeCheck = Callable[[str], str | None]
 #: Shape limits: given a problem, None when supported, else the reason it is not.
-ShapeLimits = Callable[[Problem], Optional[str]]
+ShapeLimits = Callable[[Problem], str | None]
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ class ProviderSpec:
     dtypes: frozenset[str]
     priority: int
     load: str
-    check: Optional[RuntimeCheck] = field(default=None, compare=False)
-    shape_limits: Optional[ShapeLimits] = field(default=None, compare=False)
+    check: RuntimeCheck | None = field(default=None, compare=False)
+    shape_limits: ShapeLimits | None = field(default=None, compare=False)
     description: str = ""
     distribution: str = ""
     version: str = ""

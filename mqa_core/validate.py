@@ -6,7 +6,8 @@ device sync (k_scale > 0, block ids in range) run only with ``MQA_VALIDATE=full`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .spec import DTYPES, Problem, ProviderSpec
 
@@ -27,7 +28,7 @@ def _desc(t: Any) -> str:
     return f"{dtype_name(t.dtype)} {list(t.shape)} on {t.device}"
 
 
-def _tensor(op: str, name: str, t: Any, dtypes: Sequence[str], shape: Sequence[Optional[int]],
+def _tensor(op: str, name: str, t: Any, dtypes: Sequence[str], shape: Sequence[int | None],
             shape_text: str) -> None:
     import torch
 
@@ -48,7 +49,7 @@ def _same_device(op: str, named: dict[str, "torch.Tensor"]) -> None:
         raise ValueError(f"{op}: all tensors must be on one device; got {where}")
 
 
-def _fp8(op: str, q: Any, spec: Optional[ProviderSpec]) -> list[str]:
+def _fp8(op: str, q: Any, spec: ProviderSpec | None) -> list[str]:
     allowed = sorted(spec.dtypes) if spec is not None else list(DTYPES)
     import torch
 
@@ -59,7 +60,7 @@ def _fp8(op: str, q: Any, spec: Optional[ProviderSpec]) -> list[str]:
 
 
 def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
-                    spec: Optional[ProviderSpec] = None, full: bool = False) -> Problem:
+                    spec: ProviderSpec | None = None, full: bool = False) -> Problem:
     """Check the prefill op's arguments; return the problem sizes."""
     op = "fp8_mqa_logits"
     allowed = _fp8(op, q, spec)
@@ -93,7 +94,7 @@ def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logit
 
 def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
                           max_context_len: Any, clean_logits: Any, *,
-                          spec: Optional[ProviderSpec] = None, full: bool = False) -> Problem:
+                          spec: ProviderSpec | None = None, full: bool = False) -> Problem:
     """Check the paged (decode) op's arguments; return the problem sizes (M = B * next_n)."""
     op = "fp8_paged_mqa_logits"
     allowed = _fp8(op, q, spec)

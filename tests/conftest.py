@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import pytest
 

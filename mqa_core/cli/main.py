@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from ..errors import PluginError, ProviderUnavailableError
 from ..settings import ENV_VARS
@@ -28,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if not args.command:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -76,7 +76,7 @@ class Inputs:
 
 
 def make_inputs(problem: Problem, *, device: Any = "cpu", window: str = "ragged",
-                dtype: torch.dtype = torch.float8_e4m3fn, seed: Optional[int] = None,
+                dtype: torch.dtype = torch.float8_e4m3fn, seed: int | None = None,
                 k_scale_2d: bool = False) -> Inputs:
     """Random inputs for ``problem``; ``seed=None`` draws a fresh seed (still reproducible per call)."""
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()) if seed is None else seed)
@@ -106,12 +106,13 @@ class PagedInputs:
                 self.max_context_len)
 
     def reference(self) -> torch.Tensor:
-        cpu = [t.cpu() for t in (self.q, self.kv_cache, self.weights, self.context_lens, self.block_tables)]
-        return fp8_paged_mqa_logits_ref(*cpu, self.max_context_len, fp8_dtype=self.q.dtype)
+        q, cache, w, lens, tables = (t.cpu() for t in (self.q, self.kv_cache, self.weights,
+                                                       self.context_lens, self.block_tables))
+        return fp8_paged_mqa_logits_ref(q, cache, w, lens, tables, self.max_context_len, fp8_dtype=q.dtype)
 
 
 def make_paged_inputs(batch: int, next_n: int, h: int, d: int, max_context_len: int, *,
-                      block_size: int = 64, device: Any = "cpu", seed: Optional[int] = None,
+                      block_size: int = 64, device: Any = "cpu", seed: int | None = None,
                       dtype: torch.dtype = torch.float8_e4m3fn, lens_2d: bool = False) -> PagedInputs:
     """A shuffled paged cache holding random keys; context lengths random in [next_n, max_context_len]."""
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()) if seed is None else seed)

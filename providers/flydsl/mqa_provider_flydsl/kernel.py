@@ -16,7 +16,8 @@ clean_logits=True, stream=None, variant=None)`` takes the contract's arguments a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -45,8 +46,7 @@ def call_flydsl(fn: probe.KernelFn, arch: str, q: torch.Tensor, kv: tuple[torch.
     m, h, _ = q.shape
     n = k.shape[0]
     if m == 0 or n == 0:
-        fill = float("-inf") if clean_logits else 0.0
-        return torch.full((m, n), fill, dtype=torch.float32, device=q.device)
+        return torch.empty((m, n), dtype=torch.float32, device=q.device)
     q, k = q.contiguous(), k.contiguous()
     k_scale = k_scale.reshape(n).to(torch.float32).contiguous()
     weights = weights.to(torch.float32).contiguous()
@@ -73,7 +73,7 @@ class FlyDSLKernel:
         Tests substitute it to run the argument handling against a stand-in AITER on the CPU.
     """
 
-    def __init__(self, arch_of_device: Optional[Callable[[Any], str]] = None) -> None:
+    def __init__(self, arch_of_device: Callable[[Any], str] | None = None) -> None:
         self._arch_of_device = arch_of_device or _arch_of_device
 
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],

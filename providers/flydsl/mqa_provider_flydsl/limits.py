@@ -10,8 +10,6 @@ needs H % 32, which the adapter meets for H=16 by zero-padding heads; Q and KV a
 
 from __future__ import annotations
 
-from typing import Optional
-
 from mqa_core import Problem
 
 #: Head dims AITER compiles the kernel for.
@@ -26,7 +24,7 @@ def _pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def shape_limits(problem: Problem) -> Optional[str]:
+def shape_limits(problem: Problem) -> str | None:
     """None when the FlyDSL kernel can run ``problem``, else every limit it breaks."""
     m, n, h, d = problem.m, problem.n, problem.h, problem.d
     broken = []

@@ -15,8 +15,9 @@ import importlib.metadata as md
 import importlib.util
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 #: The archs AITER builds the kernel for.
 ARCHS = ("gfx942", "gfx950")
@@ -34,9 +35,9 @@ class Installed:
     """What the environment holds under the import name ``aiter``, learned without importing it."""
 
     #: Why it cannot be AMD's AITER, or None when it may be.
-    problem: Optional[str]
+    problem: str | None
     #: ``amd-aiter`` (or an AMD build named ``aiter``) version from metadata, if any.
-    version: Optional[str] = None
+    version: str | None = None
     #: Where ``aiter`` would be imported from, for messages.
     location: str = ""
 
@@ -46,14 +47,14 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
-def _dist_version(name: str) -> Optional[str]:
+def _dist_version(name: str) -> str | None:
     try:
         return md.version(name)
     except md.PackageNotFoundError:
         return None
 
 
-def _amd_layout(spec: Any) -> Optional[bool]:
+def _amd_layout(spec: Any) -> bool | None:
     """True if the package has AMD's ``aiter/ops`` subpackage, False if not, None if undecidable."""
     places = list(spec.submodule_search_locations or ())
     if not places:  # a single-module ``aiter.py``: not AMD's package
@@ -97,7 +98,7 @@ _PEP440 = re.compile(
 )
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> Optional[bool]:
+def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
     """PEP 440 ``version >= minimum`` for a release ``minimum``; None if ``version`` is unreadable.
 
     A pre-release or dev build of the minimum itself (``0.1.23rc1``, ``0.1.23.dev5+g...``, what
@@ -116,7 +117,7 @@ def at_least(version: str, minimum: tuple[int, ...]) -> Optional[bool]:
     return not (m["pre"] or (m["dev"] and not m["post"]))
 
 
-def gfx950_reason(found: Installed) -> Optional[str]:
+def gfx950_reason(found: Installed) -> str | None:
     """Why this AITER cannot run the kernel on gfx950 (too old, or version unknown), else None."""
     need = ".".join(map(str, GFX950_MIN))
     why = f"gfx950 needs {AMD_DIST} >= {need} (the gfx950 FlyDSL MQA-logits path, ROCm/aiter#4538)"
@@ -135,7 +136,7 @@ KernelFn = Callable[..., Any]
 
 
 @functools.lru_cache(maxsize=1)
-def load_entry() -> tuple[Optional[KernelFn], Optional[str]]:
+def load_entry() -> tuple[KernelFn | None, str | None]:
     """Import AITER once: ``(flydsl_fp8_mqa_logits, None)`` or ``(None, why not)``."""
     version = installed().version
     name = f"AMD AITER {version}" if version else "AMD AITER"
@@ -148,7 +149,7 @@ def load_entry() -> tuple[Optional[KernelFn], Optional[str]]:
     except (Exception, SystemExit) as exc:  # e.g. the 'flydsl' compiler package missing or too old
         return None, f"{name} imports, but aiter.ops.flydsl does not: {_err(exc)}"
     try:
-        fn = getattr(module, "flydsl_fp8_mqa_logits")  # a lazy attribute: imports the kernel module
+        fn = module.flydsl_fp8_mqa_logits  # a lazy attribute: imports the kernel module
     except AttributeError:
         return None, f"{name} has no {ENTRY} (added in ROCm/aiter#3913); upgrade {AMD_DIST}"
     except (Exception, SystemExit) as exc:
@@ -158,8 +159,8 @@ def load_entry() -> tuple[Optional[KernelFn], Optional[str]]:
     return fn, None
 
 
-@functools.lru_cache(maxsize=None)
-def _check(arch: str) -> Optional[str]:
+@functools.cache
+def _check(arch: str) -> str | None:
     if arch not in ARCHS:
         return f"AITER's FlyDSL MQA-logits kernel is built for {', '.join(ARCHS)}, not {arch}"
     found = installed()
@@ -172,7 +173,7 @@ def _check(arch: str) -> Optional[str]:
     return load_entry()[1]
 
 
-def check(arch: str) -> Optional[str]:
+def check(arch: str) -> str | None:
     """The spec's runtime check: None when AITER can run the kernel for ``arch``, else why not.
 
     Answers for what is installed, never for the local device, so ``mqa explain --arch gfx950``

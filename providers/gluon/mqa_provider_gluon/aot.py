@@ -9,6 +9,7 @@ registers and spills without any GPU. The signature mirrors what the JIT sees at
 from __future__ import annotations
 
 import collections
+import inspect
 import re
 import subprocess
 import tempfile
@@ -21,7 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from .fp8 import wants_fnuz
-from .ops.mqa_logits_triton import TritonConfig, default_config, kernel
+from .ops.mqa_logits_triton import TritonConfig, constexprs, default_config, kernel
 
 __all__ = ["TARGETS", "compile_for", "mfma_ops", "sass_facts", "SassFacts"]
 
@@ -57,16 +58,15 @@ def compile_for(target: str, *, h: int = 64, d: int = 128, config: Optional[Trit
     cfg = config or default_config(arch, h)
     fp8 = "*fp8e4b8" if wants_fnuz(arch) else "*fp8e4nv"
     fn = kernel(interpret=False)
-    constexprs = {
-        "stride_kscale": 1, "H": h, "H_PAD": max(16 // cfg.block_m, triton.next_power_of_2(h)),
-        "D": d, "D_PAD": max(32, triton.next_power_of_2(d)), "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n, "CLEAN": bool(clean_logits), **extra,
-    }
+    consts = {"stride_kscale": 1, **constexprs(cfg, h, d, clean_logits), **extra}
     types = {"q_ptr": fp8, "k_ptr": fp8, "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
-    signature = {a: ("constexpr" if a in constexprs else types.get(a, "i32")) for a in fn.arg_names}
+    for p in fn.params:  # constexprs left at their defaults
+        if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
+            consts[p.name] = p.default
+    signature = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in _ALIGNED}
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     compiled = triton.compile(src, target=tgt, options={"num_warps": cfg.num_warps,
                                                        "num_stages": cfg.num_stages})
     asm = dict(compiled.asm)

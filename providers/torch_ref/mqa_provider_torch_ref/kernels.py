@@ -8,8 +8,8 @@ columns its windows can see, so causal prefill does about half the work.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -23,6 +23,7 @@ Gluon is imported lazily: importing this module never fails on another triton ve
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -56,6 +57,16 @@ def _triton_version_reason() -> str | None:
 
 def gluon_supported(device: torch.device | int | None = None) -> str | None:
     """None when the kernel can run on ``device`` (default: current CUDA device), else the reason."""
+    if isinstance(device, torch.device):
+        device = device.index if device.type == "cuda" else -1
+    return _supported_cached(-2 if device is None else device)
+
+
+@functools.lru_cache(maxsize=None)
+def _supported_cached(device: int) -> str | None:
+    if device == -1:
+        return "the Gluon sm_90 kernel runs on CUDA tensors only"
+    dev = None if device == -2 else device
     reason = _triton_version_reason()
     if reason:
         return reason
@@ -63,7 +74,7 @@ def gluon_supported(device: torch.device | int | None = None) -> str | None:
         return "no CUDA device"
     if torch.version.hip is not None:
         return "the Gluon sm_90 kernel needs an NVIDIA GPU (this is a ROCm build)"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = torch.cuda.get_device_capability(dev)
     if (major, minor) != (9, 0):
         return f"the Gluon kernel targets sm_90 (wgmma); this device is sm_{major}{minor}"
     try:
@@ -146,10 +157,11 @@ def _epilogue(acc, w_row, ks_ptr, ke_ptr, ksc_ptr, out_ptr, out_stride, m0, n0, 
               RELU_ABS: gl.constexpr, num_warps: gl.constexpr):
     """relu, weight FMA, head sum, k_scale, window mask; store the [BQ, BN] logits tile."""
     if RELU_ABS:
-        p = (acc + gl.abs(acc)) * w_row
+        # relu(x)*w = x*(w/2) + |x|*(w/2): two separate sums contract to two FFMA chains (no FMNMX)
+        s = gl.sum(gl.reshape(acc * w_row, [BN, BQ, H]), axis=2)
+        s += gl.sum(gl.reshape(gl.abs(acc) * w_row, [BN, BQ, H]), axis=2)
     else:
-        p = gl.maximum(acc, 0.0) * w_row
-    s = gl.sum(gl.reshape(p, [BN, BQ, H]), axis=2)  # [BN keys, BQ queries]
+        s = gl.sum(gl.reshape(gl.maximum(acc, 0.0) * w_row, [BN, BQ, H]), axis=2)  # [BN keys, BQ queries]
     olay: gl.constexpr = out_layout(BN, num_warps)
     s = gl.convert_layout(s, olay)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay))
@@ -362,17 +374,19 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
 
     M, H, D = q.shape
     N = k.shape[0]
-    if D % 16 or D > 256:
-        raise ValueError(f"D must be a multiple of 16 and <= 256, got {D}")
+    if q.dtype != torch.float8_e4m3fn or k.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"q and k must be float8_e4m3fn, got {q.dtype} and {k.dtype}")
+    if k.shape[1] != D or D % 16 or D > 256:
+        raise ValueError(f"need k [N, D] with q's D, D a multiple of 16 and <= 256; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
     cfg = resolve_config(H, config)
     bq, bn = cfg["BQ"], cfg["BN"]
     n_pad = (N + 3) // 4 * 4
     out = torch.empty((M, n_pad), dtype=torch.float32, device=q.device)[:, :N]
     if M == 0 or N == 0:
         return out.fill_(float("-inf")) if clean_logits else out
-    q2 = q.reshape(M * H, D)
-    k = k.contiguous()
-    q2 = q2.contiguous()
+    q2 = _tma_ready(q.reshape(M * H, D))
+    k = _tma_ready(k)
     q_desc = TensorDescriptor.from_tensor(q2, [bq * H, D], gl.NVMMASharedLayout.get_default_for([bq * H, D],
                                                                                                  gl.float8e4nv))
     k_desc = TensorDescriptor.from_tensor(k, [bn, D], gl.NVMMASharedLayout.get_default_for([bn, D], gl.float8e4nv))
@@ -388,6 +402,12 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned base, as a TMA descriptor requires (copies only when not)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None):

@@ -10,9 +10,10 @@ computed; with ``clean_logits`` the same program fills them with -inf, so every 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import triton
@@ -20,7 +21,7 @@ import triton.language as tl
 
 from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
 
-__all__ = ["TritonConfig", "default_config", "fp8_mqa_logits_triton"]
+__all__ = ["TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel"]
 
 #: The output's row stride is rounded up to this many floats, so each row starts 64-byte aligned.
 _ROW_ALIGN = 16
@@ -62,12 +63,20 @@ def default_config(arch: str, h: int) -> TritonConfig:
     return TritonConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=3)
 
 
+def constexprs(cfg: TritonConfig, h: int, d: int, clean_logits: bool) -> dict[str, Any]:
+    """The kernel's compile-time arguments. Heads and head dim are padded to powers of two (padded
+    heads get weight 0, padded dims q = k = 0), the dot's N side to >= 16 and its K side to >= 32."""
+    return {"H": h, "H_PAD": max(16 // cfg.block_m, triton.next_power_of_2(h)), "D": d,
+            "D_PAD": max(32, triton.next_power_of_2(d)), "BLOCK_M": cfg.block_m,
+            "BLOCK_N": cfg.block_n, "CLEAN": bool(clean_logits)}
+
+
 def _mqa_logits_kernel(
     q_ptr, k_ptr, kscale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
     M, N, stride_qm, stride_qh, stride_kn, stride_kscale, stride_wm, stride_om,
     num_splits, tiles_per_split,
     H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CLEAN: tl.constexpr, WS: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CLEAN: tl.constexpr,
 ):
     # Heaviest query blocks first: in causal prefill the last queries see the most keys, and
     # scheduling the long programs first shortens the tail. Consecutive programs share a query block.
@@ -110,7 +119,7 @@ def _mqa_logits_kernel(
     out_rows = out_ptr + offs_m[None, :].to(tl.int64) * stride_om
     k_ptrs = (k_ptr + (c_begin * BLOCK_N + offs_n0)[:, None].to(tl.int64) * stride_kn
               + offs_d[None, :])
-    for t in tl.range(c_begin, c_end, warp_specialize=WS):
+    for t in range(c_begin, c_end):
         offs_n = t * BLOCK_N + offs_n0
         n_ok = offs_n < N
         k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -140,45 +149,53 @@ def _mqa_logits_kernel(
 def _jitted(interpret: bool) -> Any:
     """The kernel jitted for one mode. ``triton.jit`` fixes interpreter-or-compiled when it runs,
     so decorating at import would freeze whatever TRITON_INTERPRET said then."""
-    saved = triton.knobs.runtime.interpret
-    triton.knobs.runtime.interpret = interpret
-    try:
+    with triton.knobs.runtime.scope():  # restores the knob and TRITON_INTERPRET afterwards
+        triton.knobs.runtime.interpret = interpret
         return triton.jit(_mqa_logits_kernel)
-    finally:
-        triton.knobs.runtime.interpret = saved
 
 
 def kernel(interpret: Optional[bool] = None) -> Any:
     """The jitted kernel for ``interpret`` (default: what TRITON_INTERPRET says now)."""
-    interpret = bool(triton.knobs.runtime.interpret) if interpret is None else interpret
-    if interpret:
-        _fix_interpreter_scalars()
-    return _jitted(interpret)
+    return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)
 
 
 @functools.lru_cache(maxsize=1)
-def _fix_interpreter_scalars() -> None:
-    """Let interpreted loops take runtime bounds under numpy >= 2.4.
+def _interpreted_stdlib() -> dict[str, Any]:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
-    Triton 3.6's interpreter holds scalars as shape-(1,) arrays and turns them into loop bounds
-    with ``int()``, which numpy 2.4 refuses (triton-lang/triton#9171, fixed upstream by #9172).
-    When this numpy refuses, wrap the interpreter's tensor patching to use the upstream fix.
+    return {name: InterpretedFunction(fn.fn) for name, fn in vars(tl).items()
+            if isinstance(fn, JITFunction)}
+
+
+@contextlib.contextmanager
+def _interpreting() -> Iterator[None]:
+    """Run the interpreter as if TRITON_INTERPRET had been set before triton was imported.
+
+    Two gaps in Triton 3.6 when the mode is switched on later (as a test or a CPU caller does):
+    ``tl.sum``, ``tl.max``, ``tl.cdiv``... were jitted at import as compiled-only functions, which
+    the interpreter refuses to call, so they are swapped for interpreted twins; and the interpreter
+    turns its shape-(1,) scalars into loop bounds with ``int()``, which numpy >= 2.4 refuses
+    (triton-lang/triton#9171, fixed upstream by #9172), so its fix is applied. Both are undone on exit.
     """
-    import numpy as np
     from triton.runtime import interpreter
 
-    try:
-        int(np.zeros(1, dtype=np.int32))  # type: ignore[arg-type]
-        return
-    except TypeError:
-        pass
-    original = interpreter._patch_lang_tensor
+    saved_tl = {name: getattr(tl, name) for name in _interpreted_stdlib()}
+    saved_patch = interpreter._patch_lang_tensor
 
     def patch_lang_tensor(tensor: Any, scope: Any) -> None:
-        original(tensor, scope)
+        saved_patch(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    interpreter._patch_lang_tensor = patch_lang_tensor
+    try:
+        for name, fn in _interpreted_stdlib().items():
+            setattr(tl, name, fn)
+        interpreter._patch_lang_tensor = patch_lang_tensor
+        yield
+    finally:
+        interpreter._patch_lang_tensor = saved_patch
+        for name, fn in saved_tl.items():
+            setattr(tl, name, fn)
 
 
 def _arch_of(device: torch.device) -> str:
@@ -187,6 +204,12 @@ def _arch_of(device: torch.device) -> str:
     from mqa_core.arch import arch_of_device
 
     return arch_of_device(device)
+
+
+def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
+    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
+    row = triton.cdiv(max(n, 1), _ROW_ALIGN) * _ROW_ALIGN
+    return torch.empty((m, row), dtype=torch.float32, device=device)[:, :n]
 
 
 def _num_programs_wanted(device: torch.device) -> int:
@@ -229,8 +252,7 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     ke = ke.to(torch.int32).contiguous()
 
     cfg = config or default_config(arch, h)
-    row = triton.cdiv(max(n, 1), _ROW_ALIGN) * _ROW_ALIGN
-    out = torch.empty((m, row), dtype=torch.float32, device=q.device)[:, :n]
+    out = _new_output(m, n, q.device)
     if m == 0 or n == 0:
         return out
 
@@ -239,12 +261,11 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     splits = max(1, min(num_tiles, triton.cdiv(_num_programs_wanted(q.device), num_mb)))
     tiles_per_split = triton.cdiv(num_tiles, splits)
     splits = triton.cdiv(num_tiles, tiles_per_split)
-    kernel(interpret)[(num_mb * splits,)](
-        q, k, k_scale, weights, ks, ke, out,
-        m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0),
-        out.stride(0), splits, tiles_per_split,
-        H=h, H_PAD=max(16 // cfg.block_m, triton.next_power_of_2(h)), D=d,
-        D_PAD=max(32, triton.next_power_of_2(d)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CLEAN=bool(clean_logits), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    with _interpreting() if interpret else contextlib.nullcontext():
+        kernel(interpret)[(num_mb * splits,)](
+            q, k, k_scale, weights, ks, ke, out,
+            m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0),
+            out.stride(0), splits, tiles_per_split,
+            **constexprs(cfg, h, d, clean_logits), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     return out

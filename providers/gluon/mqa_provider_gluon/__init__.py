@@ -1,0 +1,66 @@
+"""mqa-provider-gluon: Triton and Gluon fp8 MQA-logits kernels (entry point: specs only).
+
+Two providers from one distribution: ``gluon`` (the Gluon warp-specialised kernel on sm_90 where the
+installed Triton is one it was written for, the Triton kernel elsewhere) and ``triton`` (always the
+portable Triton kernel, one notch lower), so the two can be A/B'd by name on the same build.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import os
+from typing import Optional
+
+from mqa_core import Problem, ProviderSpec, hookimpl
+
+#: Archs whose paths are compiled in CI (AOT for AMD and NVIDIA) and, for sm_90, run on an H200.
+ARCHS = ("sm_90", "sm_100", "gfx942", "gfx950", "cpu")
+HEADS = (16, 32, 64, 128)
+HEAD_DIMS = (64, 128)
+#: Distributions that provide the ``triton`` module (upstream, ROCm's build, nightlies).
+TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly")
+
+
+def triton_version() -> str | None:
+    for dist in TRITON_DISTS:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def check(arch: str) -> str | None:
+    """Usable when Triton is importable; on the CPU only inside Triton's interpreter."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not importable: pip install triton (ROCm torch ships pytorch-triton-rocm)"
+    if arch == "cpu" and os.environ.get("TRITON_INTERPRET", "") != "1":
+        return "serves the CPU only in Triton's interpreter: set TRITON_INTERPRET=1 (slow; for tests)"
+    return None
+
+
+def shape_limits(p: Problem) -> str | None:
+    if p.h not in HEADS:
+        return f"H={p.h} unsupported: the kernels are built for H in {HEADS}"
+    if p.d not in HEAD_DIMS:
+        return f"D={p.d} unsupported: the kernels are built for D in {HEAD_DIMS}"
+    return None
+
+
+def _spec(name: str, priority: int, attr: str, description: str) -> ProviderSpec:
+    return ProviderSpec(name=name, ops={"fp8_mqa_logits"}, archs=ARCHS,
+                        dtypes={"float8_e4m3fn", "float8_e4m3fnuz"}, priority=priority,
+                        load=f"mqa_provider_gluon.kernels:{attr}", check=check,
+                        shape_limits=shape_limits, description=description)
+
+
+SPECS = (
+    _spec("gluon", 200, "GLUON", "Gluon warp-specialised wgmma kernel on sm_90, Triton kernel elsewhere"),
+    _spec("triton", 150, "TRITON", "portable Triton kernel (fp8 tl.dot) on NVIDIA and AMD"),
+)
+
+
+@hookimpl
+def mqa_providers() -> list[ProviderSpec]:
+    return list(SPECS)
