@@ -207,7 +207,6 @@ def run_config(name: str, cfg: dict, quick: bool) -> dict:
                 except Exception as exc:
                     res["cases"].append({"case": case, "ok": False, "detail": f"{type(exc).__name__}: {exc}"})
                     log(f"[{name}] FAIL {case}: {type(exc).__name__}: {str(exc)[:300]}")
-            del q, k
             torch.cuda.empty_cache()
     return res
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib.util
 import os
-from typing import Optional
 
 from mqa_core import Problem, ProviderSpec, hookimpl
 
@@ -50,7 +49,7 @@ def shape_limits(p: Problem) -> str | None:
 
 def _spec(name: str, priority: int, attr: str, description: str) -> ProviderSpec:
     return ProviderSpec(name=name, ops={"fp8_mqa_logits"}, archs=ARCHS,
-                        dtypes={"float8_e4m3fn", "float8_e4m3fnuz"}, priority=priority,
+                        dtypes={"float8_e4m3fn"}, priority=priority,
                         load=f"mqa_provider_gluon.kernels:{attr}", check=check,
                         shape_limits=shape_limits, description=description)
 

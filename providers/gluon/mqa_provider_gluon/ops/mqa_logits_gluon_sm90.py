@@ -62,7 +62,7 @@ def gluon_supported(device: torch.device | int | None = None) -> str | None:
     return _supported_cached(-2 if device is None else device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _supported_cached(device: int) -> str | None:
     if device == -1:
         return "the Gluon sm_90 kernel runs on CUDA tensors only"

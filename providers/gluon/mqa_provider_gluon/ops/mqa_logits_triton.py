@@ -172,28 +172,39 @@ def _interpreted_stdlib() -> dict[str, Any]:
 def _interpreting() -> Iterator[None]:
     """Run the interpreter as if TRITON_INTERPRET had been set before triton was imported.
 
-    Two gaps in Triton 3.6 when the mode is switched on later (as a test or a CPU caller does):
+    Triton 3.6's interpreter has three gaps when the mode is switched on later (as a test or a CPU
+    caller does), each closed here for the duration of a launch and undone on exit:
     ``tl.sum``, ``tl.max``, ``tl.cdiv``... were jitted at import as compiled-only functions, which
-    the interpreter refuses to call, so they are swapped for interpreted twins; and the interpreter
-    turns its shape-(1,) scalars into loop bounds with ``int()``, which numpy >= 2.4 refuses
-    (triton-lang/triton#9171, fixed upstream by #9172), so its fix is applied. Both are undone on exit.
+    it refuses to call, so they are swapped for interpreted twins; it turns its shape-(1,) scalars
+    into loop bounds with ``int()``, which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed
+    upstream by #9172); and it cannot type a pointer to e4m3fnuz, though it computes with it.
     """
     from triton.runtime import interpreter
 
     saved_tl = {name: getattr(tl, name) for name in _interpreted_stdlib()}
-    saved_patch = interpreter._patch_lang_tensor
+    saved_tensor, saved_core = interpreter._patch_lang_tensor, interpreter._patch_lang_core
 
     def patch_lang_tensor(tensor: Any, scope: Any) -> None:
-        saved_patch(tensor, scope)
+        saved_tensor(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    def patch_lang_core(lang: Any, scope: Any) -> None:
+        saved_core(lang, scope)
+        to_ir = lang.dtype.to_ir
+
+        def fnuz_to_ir(self: Any, builder: Any) -> Any:
+            return builder.get_fp8e4b8_ty() if self.name == "fp8e4b8" else to_ir(self, builder)
+
+        scope.set_attr(lang.dtype, "to_ir", fnuz_to_ir)
 
     try:
         for name, fn in _interpreted_stdlib().items():
             setattr(tl, name, fn)
         interpreter._patch_lang_tensor = patch_lang_tensor
+        interpreter._patch_lang_core = patch_lang_core
         yield
     finally:
-        interpreter._patch_lang_tensor = saved_patch
+        interpreter._patch_lang_tensor, interpreter._patch_lang_core = saved_tensor, saved_core
         for name, fn in saved_tl.items():
             setattr(tl, name, fn)
 
