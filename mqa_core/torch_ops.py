@@ -15,8 +15,6 @@ another layout (torch_ref's contiguous rows, when N is not a multiple of 16) is 
 extra write and read of the logits, only on that provider's path.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import torch

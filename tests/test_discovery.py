@@ -79,7 +79,7 @@ def test_allowlist_and_blocklist(three, monkeypatch):
     mqa_core.reload()
     with pytest.warns(RuntimeWarning):
         d = mqa_core.explain("sm_90")
-    assert d.chosen == "torch_ref" and d.candidate("fast").code == "blocked"
+    assert d.chosen not in ("fast", None) and d.candidate("fast").code == "blocked"
 
 
 def test_forced_provider_that_cannot_serve_fails_with_every_reason(three, monkeypatch):

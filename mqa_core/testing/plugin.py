@@ -1,8 +1,28 @@
-"""pytest plugin (entry point ``pytest11``): options and markers of the mqa conformance kit."""
+"""pytest plugin (entry point ``pytest11``): the mqa conformance kit's options, markers and suite.
+
+With ``--mqa-provider NAME`` the suite (``conformance.py`` next to this file) joins the collection:
+alone when no test paths were given (``pytest --mqa-provider NAME`` certifies NAME and nothing
+else), next to them when paths were given. Without the option the plugin adds nothing, so a
+project's own test run does not grow. Nothing heavy is imported unless the option is used.
+"""
 
 from __future__ import annotations
 
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
 import pytest
+
+if TYPE_CHECKING:
+    import torch
+
+# Before anything imports them: failures in the helpers show the compared values.
+pytest.register_assert_rewrite("mqa_core.testing.checks")
+
+SUITE = Path(__file__).with_name("conformance.py")
+#: The run's base seed: random unless ``--mqa-seed``; each case derives its own from it.
+BASE_SEED = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -11,8 +31,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="run the conformance suite against this installed provider (repeatable)")
     group.addoption("--mqa-device", default=None, metavar="DEV",
                     help="torch device for the suite (default: cuda if available, else cpu)")
+    group.addoption("--mqa-seed", type=int, default=None, metavar="N",
+                    help="base seed for the suite's random inputs (default: fresh each run)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU")
     config.addinivalue_line("markers", "rocm: needs an AMD gfx942/gfx950 GPU with ROCm and AMD's AITER")
+    if not config.getoption("mqa_provider"):
+        return
+    seed = config.getoption("mqa_seed")
+    config.stash[BASE_SEED] = secrets.randbelow(2**31) if seed is None else seed
+    suite = str(SUITE)
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        if not any(Path(a).resolve() == SUITE.resolve() for a in config.args if "::" not in a):
+            config.args.append(suite)
+    else:  # no paths given: testpaths or the current directory would be collected; run the kit alone
+        config.args[:] = [suite]
+
+
+def pytest_report_header(config: pytest.Config) -> Optional[str]:
+    names = config.getoption("mqa_provider")
+    if not names:
+        return None
+    return (f"mqa conformance kit: providers {', '.join(names)} on {kit_device(config)} "
+            f"({kit_arch(config)}), base seed {config.stash[BASE_SEED]} (reproduce with --mqa-seed)")
+
+
+def kit_device(config: pytest.Config) -> "torch.device":
+    import torch
+
+    name = config.getoption("mqa_device")
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def kit_arch(config: pytest.Config) -> str:
+    from ..arch import arch_of_device
+
+    return arch_of_device(kit_device(config))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -57,8 +58,9 @@ def test_unreadable_version_is_not_guessed():
     assert reason is not None and "cannot read AMD AITER version 'unknown'" in reason
 
 
-def test_absent(monkeypatch):
-    monkeypatch.setattr(probe.importlib.util, "find_spec", lambda name: None)
+def test_absent():
+    if importlib.util.find_spec("aiter") is not None:
+        pytest.skip("this environment has a package named 'aiter' installed")
     assert probe.check("gfx942") == ("AMD AITER not importable: no module named 'aiter'; install AMD's "
                                      "amd-aiter (shipped with ROCm builds; not the PyPI package 'aiter')")
 

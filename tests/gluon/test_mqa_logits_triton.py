@@ -76,6 +76,15 @@ def test_key_splits_cover_every_tile(interpret, monkeypatch: pytest.MonkeyPatch)
         check(run(inp, clean), inp.reference(), clean)
 
 
+def test_tma_key_loads(interpret):
+    """The TMA path (NVIDIA): key rows past N and dims past D must arrive as zeros."""
+    inp = make_inputs(Problem(7, 45, 16, 96), window="ragged", seed=13)
+    cfg = TritonConfig(block_m=2, block_n=32, num_warps=4, num_stages=2, tma=True)
+    assert op._k_descriptor(inp.k, cfg, "cpu") is not None
+    for clean in (True, False):
+        check(run(inp, clean, cfg), inp.reference(), clean)
+
+
 def test_default_config(interpret):
     inp = make_inputs(Problem(5, 70, 32, 128), window="causal", seed=5)
     check(run(inp, config=None), inp.reference(), True)
@@ -112,6 +121,20 @@ def test_fnuz_conversion_is_exact_on_every_byte():
     bits = y.view(torch.uint8)
     assert bits[0x80] == 0x00  # -0 -> +0: 0x80 is fnuz's NaN
     assert bits[0x7F] == 0x80 and bits[0xFF] == 0x80  # NaN -> fnuz NaN, not +-240
+
+
+def test_interpreter_leaves_triton_as_it_found_it(interpret):
+    """Interpreted launches patch triton.language; left behind, no kernel would compile afterwards."""
+    import triton.language as tl
+
+    spaces = (tl, tl.core, tl.math, tl.tensor, tl.dtype, tl.core.tensor_descriptor_base)
+    before = [dict(vars(ns)) for ns in spaces]
+    inp = make_inputs(Problem(3, 20, 16, 64), seed=2)
+    run(inp)
+    after = [dict(vars(ns)) for ns in spaces]
+    for ns, b, a in zip(spaces, before, after):
+        changed = {k for k in a.keys() | b.keys() if a.get(k) is not b.get(k)}
+        assert not changed, f"{ns.__name__}: {sorted(changed)}"
 
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch: pytest.MonkeyPatch):

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -24,7 +24,8 @@ from triton.compiler import ASTSource
 from .fp8 import wants_fnuz
 from .ops.mqa_logits_triton import TritonConfig, constexprs, default_config, kernel
 
-__all__ = ["TARGETS", "compile_for", "mfma_ops", "sass_facts", "SassFacts"]
+__all__ = ["TARGETS", "AmdFacts", "SassFacts", "amd_facts", "compile_for", "mfma_ops", "sass",
+           "sass_facts"]
 
 #: The targets the provider is built for, by normalised arch name.
 TARGETS = {
@@ -48,7 +49,7 @@ def _target(name: str) -> GPUTarget:
     return TARGETS[arch]
 
 
-def compile_for(target: str, *, h: int = 64, d: int = 128, config: Optional[TritonConfig] = None,
+def compile_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig | None = None,
                 clean_logits: bool = True, **extra: Any) -> dict[str, Any]:
     """Compile the kernel for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``) and return its asm
     dict (``ttgir``, ``ptx``/``cubin`` or ``amdgcn``/``hsaco``, ...), plus the compiled kernel's
@@ -58,8 +59,12 @@ def compile_for(target: str, *, h: int = 64, d: int = 128, config: Optional[Trit
     cfg = config or default_config(arch, h)
     fp8 = "*fp8e4b8" if wants_fnuz(arch) else "*fp8e4nv"
     fn = kernel(interpret=False)
-    consts = {"stride_kscale": 1, **constexprs(cfg, h, d, clean_logits), **extra}
-    types = {"q_ptr": fp8, "k_ptr": fp8, "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32",
+    tma = cfg.tma and tgt.backend == "cuda"
+    consts = {"stride_kscale": 1, **constexprs(cfg, h, d, clean_logits, tma=tma), **extra}
+    if not tma:
+        consts["k_desc"] = None
+    types = {"q_ptr": fp8, "k_ptr": fp8, "k_desc": f"tensordesc<{fp8[1:]}[{cfg.block_n},{consts['D_PAD']}]>",
+             "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
     for p in fn.params:  # constexprs left at their defaults
         if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
@@ -77,6 +82,35 @@ def compile_for(target: str, *, h: int = 64, d: int = 128, config: Optional[Trit
 def mfma_ops(asm: dict[str, Any]) -> collections.Counter[str]:
     """Count of each ``v_mfma*`` instruction in an AMD build's ISA."""
     return collections.Counter(re.findall(r"^\s*(v_mfma_\w+)", asm["amdgcn"], re.MULTILINE))
+
+
+@dataclass(frozen=True)
+class AmdFacts:
+    """Register use of an AMD build, from the code object's metadata in the ISA listing."""
+
+    vgprs: int  # arch VGPRs + AGPRs
+    agprs: int
+    vgpr_spills: int
+    sgpr_spills: int
+    scratch_bytes: int
+    occupancy: int  # waves per SIMD
+
+    def __str__(self) -> str:
+        return (f"vgprs={self.vgprs} agprs={self.agprs} spills={self.vgpr_spills}+{self.sgpr_spills} "
+                f"scratch={self.scratch_bytes}B occupancy={self.occupancy}")
+
+
+def amd_facts(asm: dict[str, Any]) -> AmdFacts:
+    text = asm["amdgcn"]
+
+    def grab(pattern: str) -> int:
+        m = re.search(pattern, text, re.MULTILINE)
+        return int(m.group(1)) if m else -1
+
+    return AmdFacts(vgprs=grab(r"; TotalNumVgprs: (\d+)"), agprs=grab(r"; NumAgprs: (\d+)"),
+                    vgpr_spills=grab(r"\.vgpr_spill_count:\s+(\d+)"),
+                    sgpr_spills=grab(r"\.sgpr_spill_count:\s+(\d+)"),
+                    scratch_bytes=grab(r"; ScratchSize: (\d+)"), occupancy=grab(r"; Occupancy: (\d+)"))
 
 
 @dataclass(frozen=True)

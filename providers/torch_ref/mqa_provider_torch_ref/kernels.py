@@ -16,6 +16,8 @@ import torch
 from mqa_core.reference import split_paged_cache, visible_lengths
 
 DEFAULT_MEMORY_MB = 512
+#: Target size of one scores chunk: small enough to stay in cache between matmul, relu and head sum.
+SCORES_BYTES = 4 * 2**20
 
 
 def memory_bound_bytes() -> int:
@@ -27,13 +29,13 @@ def chunk_sizes(rows: int, h: int, d: int, n: int, budget: int) -> tuple[int, in
     """Row and column chunk sizes whose fp32 temporaries stay under ``budget`` bytes.
 
     Per step the temporaries are the scores [rc*H, cc], the head-summed result and mask [rc, cc],
-    and the upcast q [rc, H, D] and k [cc, D]. Rows stay few (256) so that a causal row chunk's key
-    span is tight; columns take what the budget leaves, up to 8192.
+    and the upcast q [rc, H, D] and k [cc, D]. Few rows (32) keep a causal chunk's key span tight;
+    the scores stay near cache size (4 MiB), since relu and the head sum each pass over them once.
     """
-    rc = max(1, min(rows, 256))
+    rc = max(1, min(rows, 32))
     while True:
         per_col = rc * h * 4 + rc * 5 + d * 4
-        cc = (budget - rc * h * d * 4) // per_col
+        cc = min((budget - rc * h * d * 4) // per_col, max(64, SCORES_BYTES // (rc * h * 4)))
         if cc >= 64 or rc == 1:
             return rc, int(max(1, min(n, cc, 8192)))
         rc = max(1, rc // 2)

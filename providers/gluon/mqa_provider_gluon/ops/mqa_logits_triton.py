@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import triton
@@ -35,6 +36,8 @@ class TritonConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    #: Load key tiles with TMA (NVIDIA sm_90+ only; elsewhere, or for unaligned k, plain loads).
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for k in ("block_m", "block_n", "num_warps"):
@@ -47,36 +50,43 @@ class TritonConfig:
             raise ValueError(f"TritonConfig.num_stages must be >= 1, got {self.num_stages}")
 
     def __str__(self) -> str:
-        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+        tma = "tma" if self.tma else ""
+        return f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}{tma}"
 
 
 def default_config(arch: str, h: int) -> TritonConfig:
     """A config that compiles without spills on ``arch`` for ``h`` heads; the bench sweeps the rest.
 
-    128 query-heads per tile keeps the fp32 accumulator and the per-column weights within about 130
-    registers, so two or more programs share an SM and one's epilogue hides another's MMAs.
+    128 query-heads per tile keep the fp32 accumulator and the per-column weights within about 150
+    registers, so three programs share an SM and one's head reduction hides another's MMAs. On
+    sm_90 TMA loads the key tiles: fewer instructions and registers than pointer loads.
     """
-    hp = triton.next_power_of_2(h)
-    block_m = max(1, 128 // hp)
+    block_m = max(1, 128 // triton.next_power_of_2(h))
     if arch.startswith("gfx"):
         return TritonConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=2)
-    return TritonConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=3)
+    return TritonConfig(block_m=block_m, block_n=64, num_warps=4, num_stages=3,
+                        tma=arch.startswith("sm_"))
 
 
-def constexprs(cfg: TritonConfig, h: int, d: int, clean_logits: bool) -> dict[str, Any]:
+def constexprs(cfg: TritonConfig, h: int, d: int, clean_logits: bool, tma: bool = False
+               ) -> dict[str, Any]:
     """The kernel's compile-time arguments. Heads and head dim are padded to powers of two (padded
     heads get weight 0, padded dims q = k = 0), the dot's N side to >= 16 and its K side to >= 32."""
     return {"H": h, "H_PAD": max(16 // cfg.block_m, triton.next_power_of_2(h)), "D": d,
-            "D_PAD": max(32, triton.next_power_of_2(d)), "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n, "CLEAN": bool(clean_logits)}
+            "D_PAD": _d_pad(d), "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+            "CLEAN": bool(clean_logits), "USE_TMA": tma}
+
+
+def _d_pad(d: int) -> int:
+    return max(32, triton.next_power_of_2(d))
 
 
 def _mqa_logits_kernel(
-    q_ptr, k_ptr, kscale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
+    q_ptr, k_ptr, k_desc, kscale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr,
     M, N, stride_qm, stride_qh, stride_kn, stride_kscale, stride_wm, stride_om,
     num_splits, tiles_per_split,
     H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CLEAN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CLEAN: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # Heaviest query blocks first: in causal prefill the last queries see the most keys, and
     # scheduling the long programs first shortens the tail. Consecutive programs share a query block.
@@ -92,6 +102,8 @@ def _mqa_logits_kernel(
     ks = tl.maximum(tl.load(ks_ptr + offs_m, mask=m_ok, other=0), 0)
     ke = tl.minimum(tl.load(ke_ptr + offs_m, mask=m_ok, other=0), N)
     nonempty = ks < ke
+    # ks <= n < ke as one unsigned compare: (n - ks) < width, with width 0 for an empty window.
+    width = tl.maximum(ke - ks, 0).to(tl.uint32, bitcast=True)
     lo = tl.min(tl.where(nonempty, ks, N), axis=0)
     hi = tl.max(tl.where(nonempty, ke, 0), axis=0)
 
@@ -110,10 +122,10 @@ def _mqa_logits_kernel(
     r_ok = (r_m < M) & (r_h < H)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
-    q = tl.load(q_ptr + r_m[:, None] * stride_qm + r_h[:, None] * stride_qh + offs_d[None, :],
+    q = tl.load(q_ptr + r_m[:, None].to(tl.int64) * stride_qm + r_h[:, None] * stride_qh + offs_d[None, :],
                 mask=r_ok[:, None] & d_ok[None, :], other=0.0)
     q_t = tl.trans(q)
-    w = tl.load(w_ptr + r_m * stride_wm + r_h, mask=r_ok, other=0.0)
+    w = tl.load(w_ptr + r_m.to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
 
     offs_n0 = tl.arange(0, BLOCK_N)
     out_rows = out_ptr + offs_m[None, :].to(tl.int64) * stride_om
@@ -122,16 +134,19 @@ def _mqa_logits_kernel(
     for t in range(c_begin, c_end):
         offs_n = t * BLOCK_N + offs_n0
         n_ok = offs_n < N
-        k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        k_ptrs += BLOCK_N * stride_kn
+        if USE_TMA:  # rows >= N and columns >= D arrive as zeros
+            k = k_desc.load([t * BLOCK_N, 0])
+        else:
+            k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            k_ptrs += BLOCK_N * stride_kn
         s = tl.dot(k, q_t)  # [BLOCK_N, ROWS] fp32
         s = tl.maximum(s, 0.0) * w[None, :]
         logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_M, H_PAD)), axis=2)  # [BLOCK_N, BLOCK_M]
         scale = tl.load(kscale_ptr + offs_n * stride_kscale, mask=n_ok, other=0.0)
         logits = logits * scale[:, None]
         if CLEAN:
-            inside = (offs_n[:, None] >= ks[None, :]) & (offs_n[:, None] < ke[None, :])
-            logits = tl.where(inside, logits, float("-inf"))
+            rel = (offs_n[:, None] - ks[None, :]).to(tl.uint32, bitcast=True)
+            logits = tl.where(rel < width[None, :], logits, float("-inf"))
         tl.store(out_rows + offs_n[:, None], logits, mask=n_ok[:, None] & m_ok[None, :])
 
     if CLEAN:
@@ -151,10 +166,13 @@ def _jitted(interpret: bool) -> Any:
     so decorating at import would freeze whatever TRITON_INTERPRET said then."""
     with triton.knobs.runtime.scope():  # restores the knob and TRITON_INTERPRET afterwards
         triton.knobs.runtime.interpret = interpret
-        return triton.jit(_mqa_logits_kernel)
+        # Sizes and split counts vary per call; specialising on them (== 1, % 16) would compile
+        # several variants of one config for no gain. Strides keep their (16-aligned) hints.
+        return triton.jit(_mqa_logits_kernel,
+                          do_not_specialize=["M", "N", "num_splits", "tiles_per_split"])
 
 
-def kernel(interpret: Optional[bool] = None) -> Any:
+def kernel(interpret: bool | None = None) -> Any:
     """The jitted kernel for ``interpret`` (default: what TRITON_INTERPRET says now)."""
     return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)
 
@@ -170,18 +188,22 @@ def _interpreted_stdlib() -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _interpreting() -> Iterator[None]:
-    """Run the interpreter as if TRITON_INTERPRET had been set before triton was imported.
+    """Run the interpreter as if TRITON_INTERPRET had been set before triton was imported, and
+    leave triton as it was found.
 
-    Triton 3.6's interpreter has three gaps when the mode is switched on later (as a test or a CPU
-    caller does), each closed here for the duration of a launch and undone on exit:
-    ``tl.sum``, ``tl.max``, ``tl.cdiv``... were jitted at import as compiled-only functions, which
-    it refuses to call, so they are swapped for interpreted twins; it turns its shape-(1,) scalars
-    into loop bounds with ``int()``, which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed
-    upstream by #9172); and it cannot type a pointer to e4m3fnuz, though it computes with it.
+    Triton 3.6's interpreter has these gaps when the mode is switched on after import (as a test or
+    a CPU caller does), each closed here for the duration of a launch: ``tl.sum``, ``tl.max``,
+    ``tl.cdiv``... were jitted at import as compiled-only functions, which it refuses to call, so
+    they are swapped for interpreted twins; it turns its shape-(1,) scalars into loop bounds with
+    ``int()``, which numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream by #9172); it
+    cannot type a pointer to e4m3fnuz, though it computes with it; and each call of an interpreted
+    helper patches the ``tl`` namespaces for the interpreter without undoing it, after which no
+    kernel compiles in this process, so every namespace it touches is put back on exit.
     """
     from triton.runtime import interpreter
 
-    saved_tl = {name: getattr(tl, name) for name in _interpreted_stdlib()}
+    spaces = (tl, tl.core, tl.math, tl.tensor, tl.dtype, tl.core.tensor_descriptor_base)
+    saved = [(ns, dict(vars(ns))) for ns in spaces]
     saved_tensor, saved_core = interpreter._patch_lang_tensor, interpreter._patch_lang_core
 
     def patch_lang_tensor(tensor: Any, scope: Any) -> None:
@@ -205,8 +227,12 @@ def _interpreting() -> Iterator[None]:
         yield
     finally:
         interpreter._patch_lang_tensor, interpreter._patch_lang_core = saved_tensor, saved_core
-        for name, fn in saved_tl.items():
-            setattr(tl, name, fn)
+        for ns, before in saved:
+            for name, value in list(vars(ns).items()):
+                if name not in before:
+                    delattr(ns, name)
+                elif before[name] is not value:
+                    setattr(ns, name, before[name])
 
 
 def _arch_of(device: torch.device) -> str:
@@ -215,6 +241,18 @@ def _arch_of(device: torch.device) -> str:
     from mqa_core.arch import arch_of_device
 
     return arch_of_device(device)
+
+
+def _k_descriptor(k: torch.Tensor, cfg: TritonConfig, arch: str) -> Any | None:
+    """A host TMA descriptor for key tiles, or None where TMA does not apply (not NVIDIA sm_90+,
+    k not 16-byte aligned, a row wider than one 128-byte swizzle)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    d_pad = _d_pad(k.shape[1])
+    usable = (arch == "cpu" or (arch.startswith("sm_") and int(arch[3:]) >= 90)) and d_pad <= 128
+    if not usable or k.data_ptr() % 16 or k.stride(0) % 16:
+        return None
+    return TensorDescriptor(k, list(k.shape), [k.stride(0), 1], [cfg.block_n, d_pad])
 
 
 def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
@@ -232,7 +270,7 @@ def _num_programs_wanted(device: torch.device) -> int:
 def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
                           weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
                           clean_logits: bool = True, *,
-                          config: Optional[TritonConfig] = None) -> torch.Tensor:
+                          config: TritonConfig | None = None) -> torch.Tensor:
     """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) for ks[m] <= n < ke[m].
 
     Inputs follow DESIGN.md's contract (fp8 q [M, H, D] and k [N, D] of one dtype, k_scale [N] or
@@ -272,11 +310,13 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     splits = max(1, min(num_tiles, triton.cdiv(_num_programs_wanted(q.device), num_mb)))
     tiles_per_split = triton.cdiv(num_tiles, splits)
     splits = triton.cdiv(num_tiles, tiles_per_split)
+    k_desc = _k_descriptor(k, cfg, arch) if cfg.tma else None
     with _interpreting() if interpret else contextlib.nullcontext():
         kernel(interpret)[(num_mb * splits,)](
-            q, k, k_scale, weights, ks, ke, out,
+            q, k, k_desc, k_scale, weights, ks, ke, out,
             m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0),
             out.stride(0), splits, tiles_per_split,
-            **constexprs(cfg, h, d, clean_logits), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **constexprs(cfg, h, d, clean_logits, tma=k_desc is not None),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out

@@ -18,17 +18,18 @@ converting the whole cache per call would cost more than the op.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-import inspect
-from typing import Any, Optional
+import types
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
-from .mqa_logits_triton import _fix_interpreter_scalars
+from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 3.6, shared
 
 __all__ = ["PagedConfig", "compile_for", "default_config", "fp8_paged_mqa_logits_triton", "kernel"]
 
@@ -44,8 +45,10 @@ class PagedConfig:
 
     tile: int = 64
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 6
     programs_per_sm: int = 4
+    #: Load key tiles with TMA (NVIDIA sm_90+, block_size % tile == 0, D in {64, 128}; else plain loads).
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for k in ("tile", "num_warps"):
@@ -58,24 +61,26 @@ class PagedConfig:
             raise ValueError("PagedConfig.num_stages and programs_per_sm must be >= 1")
 
     def __str__(self) -> str:
-        return f"t{self.tile}w{self.num_warps}s{self.num_stages}p{self.programs_per_sm}"
+        tma = "tma" if self.tma else ""
+        return f"t{self.tile}w{self.num_warps}s{self.num_stages}p{self.programs_per_sm}{tma}"
 
 
 def default_config(arch: str, block_size: int) -> PagedConfig:
-    """64-position tiles (one block of DeepGEMM's 64-token layout), four loads in flight per program."""
-    tile = 64 if block_size % 64 == 0 or block_size < 64 else 16 * max(1, min(4, block_size // 16))
+    """64-position tiles (one block of DeepGEMM's 64-token layout; smaller blocks are gathered per
+    row). On sm_90 six stages give three key buffers, so two tiles stay in flight while one is
+    multiplied: the block-id load ahead of each key load costs the pipeline half its depth."""
     if arch.startswith("gfx"):
-        return PagedConfig(tile=tile, num_warps=4, num_stages=2)
-    return PagedConfig(tile=tile)
+        return PagedConfig(tile=64, num_warps=4, num_stages=2)
+    return PagedConfig(tile=64, num_warps=4, num_stages=6)
 
 
 def _paged_kernel(
-    q_ptr, kv_ptr, kvs_ptr, w_ptr, cl_ptr, bt_ptr, out_ptr,
+    q_ptr, kv_ptr, kv_desc, kvs_ptr, w_ptr, cl_ptr, bt_ptr, out_ptr,
     max_ctx, covered, block_bytes, block_words, num_splits, tiles_per_split,
     stride_qb, stride_qn, stride_qh, stride_wm, stride_clb, stride_clj, stride_btb, stride_om,
     NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     NG: tl.constexpr, NUM_GROUPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
-    LENS_2D: tl.constexpr, CLEAN: tl.constexpr, KV_FNUZ: tl.constexpr,
+    LENS_2D: tl.constexpr, CLEAN: tl.constexpr, KV_FNUZ: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # Program order: query-row group fastest (the groups of one tile run together and share its
     # cache bytes through L2), then the splits of a sequence, then the sequence.
@@ -115,25 +120,33 @@ def _paged_kernel(
     offs_t = tl.arange(0, TILE)
     out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
     table = bt_ptr + b.to(tl.int64) * stride_btb
+    # The compiler pipelines the loads that feed the dot (block id, then keys) but not the scales,
+    # so they are fetched one tile ahead by hand, from block ids fetched two tiles ahead; the
+    # scale path's id loads are its own (carrying ids out of the loop would stop the pipelining).
+    scale_next = _scales(kvs_ptr, _block_ids(table, t_begin, offs_t, hi, BS, TILE), t_begin, offs_t,
+                         hi, block_words, BS, D, TILE)
+    sblk_next = _block_ids(table, t_begin + 1, offs_t, hi, BS, TILE)
     for t in range(t_begin, c_end):
         pos = t * TILE + offs_t
         p_ok = pos < hi
-        if BS % TILE == 0:  # the whole tile lies in one cache block
-            blk = tl.load(table + (t * TILE) // BS).to(tl.int64)
-            row = blk * block_bytes + ((t * TILE) % BS + offs_t) * D
-            srow = blk * block_words + (BS * D) // 4 + (t * TILE) % BS + offs_t
+        scale = scale_next
+        scale_next = _scales(kvs_ptr, sblk_next, t + 1, offs_t, hi, block_words, BS, D, TILE)
+        sblk_next = _block_ids(table, t + 2, offs_t, hi, BS, TILE)
+        if USE_TMA:  # one block per tile: a [1, TILE, D] box of the [blocks, BS, D] values
+            blk = tl.load(table + (t * TILE) // BS)
+            k = tl.reshape(kv_desc.load([blk, (t * TILE) % BS, 0]), (TILE, D_PAD))
         else:
-            blk = tl.load(table + pos // BS, mask=p_ok, other=0).to(tl.int64)
-            row = blk * block_bytes + (pos % BS) * D
-            srow = blk * block_words + (BS * D) // 4 + pos % BS
-        k = tl.load(kv_ptr + row[:, None] + offs_d[None, :], mask=p_ok[:, None] & d_ok[None, :],
-                    other=0)
-        scale = tl.load(kvs_ptr + srow, mask=p_ok, other=0.0)
-        if KV_FNUZ:  # e4m3fn bytes -> e4m3fnuz bytes of half the value (-0 -> +0, NaN -> NaN)
-            k = tl.where(k == 0x80, 0, k)
-            k = tl.where((k & 0x7F) == 0x7F, 0x80, k)
-            k = k.to(tl.float8e4b8, bitcast=True)
-            scale = scale * 2.0
+            row = _block_ids(table, t, offs_t, hi, BS, TILE) * block_bytes + (pos % BS) * D
+            k_ptrs = kv_ptr + row[:, None] + offs_d[None, :]
+            k_mask = p_ok[:, None] & d_ok[None, :]
+            if not KV_FNUZ:
+                k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+            else:  # e4m3fn bytes -> e4m3fnuz bytes of half the value (-0 -> +0, NaN -> NaN)
+                k = tl.load(k_ptrs, mask=k_mask, other=0)
+                k = tl.where(k == 0x80, tl.full((TILE, D_PAD), 0, tl.uint8), k)
+                k = tl.where((k & 0x7F) == 0x7F, tl.full((TILE, D_PAD), 0x80, tl.uint8), k)
+                k = k.to(tl.float8e4b8, bitcast=True)
+                scale = scale * 2.0
         s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
         s = tl.maximum(s, 0.0) * w[None, :]
         logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
@@ -147,24 +160,41 @@ def _paged_kernel(
             tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
 
 
+def _block_ids(table, t, offs_t, hi, BS: tl.constexpr, TILE: tl.constexpr):
+    """int64 [TILE] cache block of each position of tile ``t`` (0 past ``hi``: never dereferenced)."""
+    pos = t * TILE + offs_t
+    if BS % TILE == 0:  # the whole tile lies in one block: one id, broadcast
+        blk = tl.load(table + (t * TILE) // BS, mask=t * TILE < hi, other=0).to(tl.int64)
+        return tl.full((TILE,), 0, tl.int64) + blk
+    return tl.load(table + pos // BS, mask=pos < hi, other=0).to(tl.int64)
+
+
+def _scales(kvs_ptr, blk, t, offs_t, hi, block_words, BS: tl.constexpr, D: tl.constexpr,
+            TILE: tl.constexpr):
+    """float32 [TILE] scales of tile ``t``: they follow the BS * D value bytes of each block."""
+    pos = t * TILE + offs_t
+    return tl.load(kvs_ptr + blk * block_words + (BS * D) // 4 + pos % BS, mask=pos < hi, other=0.0)
+
+
 @functools.lru_cache(maxsize=2)
 def _jitted(interpret: bool) -> Any:
-    """The kernel jitted for one mode: ``triton.jit`` fixes interpreter-or-compiled when it runs,
-    so it is applied on first use per mode rather than at import."""
-    saved = triton.knobs.runtime.interpret
-    triton.knobs.runtime.interpret = interpret
-    try:
-        return triton.jit(_paged_kernel)
-    finally:
-        triton.knobs.runtime.interpret = saved
+    """The kernel jitted for one mode. ``triton.jit`` fixes interpreter-or-compiled when it runs,
+    so the kernel and the helpers it calls are jitted on first use per mode, not at import; the
+    kernel gets its own globals in which the helper names are the same mode's jitted helpers."""
+    with triton.knobs.runtime.scope():  # restores the knob and TRITON_INTERPRET afterwards
+        triton.knobs.runtime.interpret = interpret
+        scope = dict(_paged_kernel.__globals__)
+        scope.update({f.__name__: triton.jit(f) for f in (_block_ids, _scales)})
+        fn = types.FunctionType(_paged_kernel.__code__, scope, _paged_kernel.__name__,
+                                _paged_kernel.__defaults__)
+        # Sizes and split counts vary per call: specialising on them would compile variants
+        # for no gain. block_bytes and the strides keep their 16-divisibility hints.
+        return triton.jit(fn, do_not_specialize=["max_ctx", "covered", "num_splits", "tiles_per_split"])
 
 
-def kernel(interpret: Optional[bool] = None) -> Any:
+def kernel(interpret: bool | None = None) -> Any:
     """The jitted kernel for ``interpret`` (default: what TRITON_INTERPRET says now)."""
-    interpret = bool(triton.knobs.runtime.interpret) if interpret is None else interpret
-    if interpret:
-        _fix_interpreter_scalars()
-    return _jitted(interpret)
+    return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)
 
 
 def _arch_of(device: torch.device) -> str:
@@ -175,8 +205,14 @@ def _arch_of(device: torch.device) -> str:
     return arch_of_device(device)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    return _cuda_sm_count(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -202,17 +238,44 @@ class _Shape:
     def groups(self) -> int:
         return triton.cdiv(self.next_n, self.ng)
 
-    def constexprs(self, lens_2d: bool, clean: bool, kv_fnuz: bool) -> dict[str, Any]:
+    @property
+    def d_pad(self) -> int:
+        return max(32, triton.next_power_of_2(self.d))
+
+    def tma_ok(self) -> bool:
+        """A tile is one TMA box: it lies inside one block, and a row fits one 128-byte swizzle."""
+        return self.block_size % self.tile == 0 and self.d == self.d_pad <= 128
+
+    def constexprs(self, lens_2d: bool, clean: bool, kv_fnuz: bool, tma: bool) -> dict[str, Any]:
         return {"NEXT_N": self.next_n, "H": self.h, "H_PAD": self.h_pad, "D": self.d,
-                "D_PAD": max(32, triton.next_power_of_2(self.d)), "NG": self.ng,
-                "NUM_GROUPS": self.groups, "BS": self.block_size, "TILE": self.tile,
-                "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "KV_FNUZ": bool(kv_fnuz)}
+                "D_PAD": self.d_pad, "NG": self.ng, "NUM_GROUPS": self.groups,
+                "BS": self.block_size, "TILE": self.tile,
+                "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "KV_FNUZ": bool(kv_fnuz),
+                "USE_TMA": bool(tma)}
+
+
+def _kv_descriptor(values: torch.Tensor, shape: _Shape, arch: str) -> Any | None:
+    """A host TMA descriptor viewing the cache values as [blocks, block_size, D] (rows D bytes apart,
+    blocks block_bytes apart), or None where TMA does not apply."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    usable = arch == "cpu" or (arch.startswith("sm_") and int(arch[3:]) >= 90)
+    if not usable or not shape.tma_ok() or values.data_ptr() % 16 or values.stride(0) % 16:
+        return None
+    return TensorDescriptor(values, [values.shape[0], shape.block_size, shape.d],
+                            [values.stride(0), shape.d, 1], [1, shape.tile, shape.d])
+
+
+def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
+    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
+    row = triton.cdiv(max(n, 1), _ROW_ALIGN) * _ROW_ALIGN
+    return torch.empty((m, row), dtype=torch.float32, device=device)[:, :n]
 
 
 def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                 context_lens: torch.Tensor, block_tables: torch.Tensor,
                                 max_context_len: int, clean_logits: bool = True, *,
-                                config: Optional[PagedConfig] = None) -> torch.Tensor:
+                                config: PagedConfig | None = None) -> torch.Tensor:
     """``[B * next_n, max_context_len]`` float32 logits over the paged cache.
 
     Row ``b * next_n + j`` sees positions ``p < context_lens[b] - next_n + j + 1`` (or
@@ -242,18 +305,19 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
         q = q.contiguous()
     if weights.stride(1) != 1:
         weights = weights.contiguous()
+    if block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
     lens_2d = context_lens.dim() == 2
     lens = context_lens if lens_2d else context_lens[:, None]
 
-    row = triton.cdiv(max(max_context_len, 1), _ROW_ALIGN) * _ROW_ALIGN
-    out = torch.empty((b * next_n, row), dtype=torch.float32, device=q.device)[:, :max_context_len]
+    out = _new_output(b * next_n, max_context_len, q.device)
     if out.numel() == 0:
         return out
 
     cfg = config or default_config(arch, block_size)
     shape = _Shape(next_n, h, d, block_size, cfg.tile)
     tiles = triton.cdiv(max_context_len, cfg.tile)
-    wanted = 1 if q.device.type != "cuda" else cfg.programs_per_sm * _sm_count(q.device.index or 0)
+    wanted = cfg.programs_per_sm * _sm_count(q.device)  # the interpreter counts as one SM
     splits = max(1, min(tiles, triton.cdiv(wanted, b * shape.groups)))
     tiles_per_split = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, tiles_per_split)
@@ -261,20 +325,22 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
     covered = min(max_context_len, block_tables.shape[1] * block_size)
     flat = kv_cache.view(num_blocks, block_bytes)
     values = flat if kv_fnuz else flat.view(q.dtype)
-    kernel(interpret)[(b * splits * shape.groups,)](
-        q, values, flat.view(torch.float32), weights, lens, block_tables, out,
-        max_context_len, covered, block_bytes, block_bytes // 4, splits, tiles_per_split,
-        q.stride(0), q.stride(1), q.stride(2), weights.stride(0), lens.stride(0), lens.stride(1),
-        block_tables.stride(0), out.stride(0),
-        **shape.constexprs(lens_2d, clean_logits, kv_fnuz),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    desc = _kv_descriptor(values, shape, arch) if cfg.tma and not kv_fnuz else None
+    with _interpreting() if interpret else contextlib.nullcontext():
+        kernel(interpret)[(b * splits * shape.groups,)](
+            q, values, desc, flat.view(torch.float32), weights, lens, block_tables, out,
+            max_context_len, covered, block_bytes, block_bytes // 4, splits, tiles_per_split,
+            q.stride(0), q.stride(1), q.stride(2), weights.stride(0), lens.stride(0), lens.stride(1),
+            block_tables.stride(0), out.stride(0),
+            **shape.constexprs(lens_2d, clean_logits, kv_fnuz, desc is not None),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     return out
 
 
 def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64,
                 lens_2d: bool = False, clean_logits: bool = True,
-                config: Optional[PagedConfig] = None) -> dict[str, Any]:
+                config: PagedConfig | None = None) -> dict[str, Any]:
     """Compile ahead of time for a ``triton.backends.compiler.GPUTarget`` (no GPU needed) and return
     the asm dict (``ptx``/``cubin`` or ``amdgcn``) plus ``"metadata"``. The signature is what a real
     launch sees: 16-byte-aligned pointers and strides, unit inner strides of the lens."""
@@ -285,17 +351,20 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
     kv_fnuz = wants_fnuz(arch)
     fp8 = "*fp8e4b8" if kv_fnuz else "*fp8e4nv"
     fn = kernel(interpret=False)
-    constexprs = {**_Shape(next_n, h, d, block_size, cfg.tile).constexprs(lens_2d, clean_logits, kv_fnuz),
-                  "stride_clj": 1}
-    types = {"q_ptr": fp8, "kv_ptr": "*u8" if kv_fnuz else fp8, "kvs_ptr": "*fp32", "w_ptr": "*fp32",
-             "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32"}
-    signature = {a: ("constexpr" if a in constexprs else types.get(a, "i32")) for a in fn.arg_names}
+    shape = _Shape(next_n, h, d, block_size, cfg.tile)
+    tma = cfg.tma and target.backend == "cuda" and shape.tma_ok()
+    constexprs = {**shape.constexprs(lens_2d, clean_logits, kv_fnuz, tma), "stride_clj": 1}
+    if not tma:
+        constexprs["kv_desc"] = None
+    ptr_types = {"q_ptr": fp8, "kv_ptr": "*u8" if kv_fnuz else fp8, "kvs_ptr": "*fp32", "w_ptr": "*fp32",
+                 "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32",
+                 "kv_desc": f"tensordesc<{fp8[1:]}[1,{cfg.tile},{shape.d_pad}]>"}
+    signature = {a: ("constexpr" if a in constexprs else ptr_types.get(a, "i32")) for a in fn.arg_names}
     aligned = [a for a in fn.arg_names if a.endswith("_ptr") and a != "cl_ptr"] + [
         "block_bytes", "block_words", "stride_qb", "stride_qn", "stride_qh", "stride_wm", "stride_om"]
     if (block_size * (d + 4)) % 64:  # block_words is divisible by 16 only then
         aligned.remove("block_words")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
-    assert set(inspect.signature(_paged_kernel).parameters) == set(fn.arg_names)
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                               target=target, options={"num_warps": cfg.num_warps,
                                                       "num_stages": cfg.num_stages})

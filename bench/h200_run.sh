@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: run the named H200 scripts in order, each under its own time limit, logs to $OUT.
+# Usage: bash bench/h200_run.sh gluon:240 triton:200 paged:150 pytest:120
+set -u
+export PYTHONPATH=providers/gluon:providers/torch_ref:providers/flydsl:.${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+pip install --no-deps --no-build-isolation -q -e . -e providers/torch_ref -e providers/gluon >/dev/null 2>&1 \
+  || echo "editable install failed; using PYTHONPATH only"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for job in "$@"; do
+  name=${job%%:*}; limit=${job##*:}
+  case $name in
+    pytest) cmd="python -m pytest -q -m cuda tests -p no:cacheprovider" ;;
+    *) cmd="python bench/h200_${name}.py" ;;
+  esac
+  echo "=== $name (limit ${limit}s): $cmd"
+  timeout "$limit" $cmd >"$OUT/$name.log" 2>&1; rc=$?
+  echo "=== $name rc=$rc"; tail -n 40 "$OUT/$name.log"
+done

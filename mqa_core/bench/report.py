@@ -1,0 +1,144 @@
+"""Results as long-format rows (one per provider x workload), the table, geomeans and the JSON file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata as md
+import json
+import math
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+#: Dense fp8 tensor-core peak in TFLOP/s by device-name fragment, from the vendors' spec sheets.
+#: Checked in order, so the specific names come before the families they contain.
+FP8_PEAK_TFLOPS = (
+    ("H100 PCIe", 1513.0), ("H100 NVL", 1671.0), ("H200", 1979.0), ("H100", 1979.0), ("GH200", 1979.0),
+    ("B200", 4500.0), ("MI355X", 5000.0), ("MI325X", 2615.0), ("MI300X", 2615.0),
+)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.processor() or platform.machine() or 'CPU'}, {torch.get_num_threads()} threads"
+
+
+def fp8_peak(name: str) -> Optional[float]:
+    for fragment, peak in FP8_PEAK_TFLOPS:
+        if fragment.lower() in name.lower():
+            return peak
+    return None
+
+
+def versions(providers: Sequence[Any]) -> dict[str, Any]:
+    """torch, triton (without importing it), mqa-core, and each benchmarked provider's distribution."""
+    def version(dist: str) -> Optional[str]:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            return None
+
+    triton = next(filter(None, (version(d) for d in ("triton", "pytorch-triton-rocm", "pytorch-triton"))), None)
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
+            "triton": triton, "mqa-core": version("mqa-core"),
+            "providers": {p.name: f"{p.spec.distribution}=={p.spec.version}" for p in providers}}
+
+
+def git_commit() -> Optional[str]:
+    """The commit of the mqa-core checkout, with ``+dirty`` for local changes; None outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "") if head else None
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def geomean(values: Sequence[float]) -> Optional[float]:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def add_speedups(rows: list[dict[str, Any]], baseline: Optional[str]) -> None:
+    if not baseline:
+        return
+    base = {r["workload"]: r["ms_median"] for r in rows if r["provider"] == baseline and r["status"] == "ok"}
+    for r in rows:
+        b = base.get(r["workload"])
+        r["baseline"] = baseline
+        r["speedup"] = b / r["ms_median"] if b and r["status"] == "ok" else None
+
+
+def summary(rows: list[dict[str, Any]], providers: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per provider: geomean TFLOP/s and speedup over the workloads it ran correctly."""
+    out = {}
+    for name in providers:
+        mine = [r for r in rows if r["provider"] == name and r["status"] == "ok"]
+        out[name] = {"workloads": len(mine), "tflops_geomean": geomean([r["tflops"] for r in mine]),
+                     "speedup_geomean": geomean([r.get("speedup") or 0 for r in mine])}
+    return out
+
+
+def _fmt(v: Optional[float], spec: str, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:{spec}}{suffix}"
+
+
+def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: Optional[str]) -> str:
+    head = ["provider", "workload", "median ms", "p10-p90 ms", "TFLOP/s", "% fp8 peak"]
+    if baseline:
+        head.append(f"vs {baseline}")
+    lines = [head]
+    for r in rows:
+        if r["status"] != "ok":
+            cells = [r["provider"], r["workload"], r["status"].upper(), r.get("reason", "")[:60], "", ""]
+        else:
+            cells = [r["provider"], r["workload"], f"{r['ms_median']:.3f}",
+                     f"{r['ms_p10']:.3f}-{r['ms_p90']:.3f}", f"{r['tflops']:.3g}",
+                     _fmt(r["pct_peak"], ".1f", "%")]
+        if baseline:
+            cells.append(_fmt(r.get("speedup"), ".2f", "x") if r["status"] == "ok" else "")
+        lines.append(cells)
+    summ = summary(rows, providers)
+    for name in providers:
+        s = summ[name]
+        cells = [name, f"geomean over {s['workloads']} workload{'s' * (s['workloads'] != 1)}", "", "",
+                 _fmt(s["tflops_geomean"], ".3g"), ""]
+        if baseline:
+            cells.append(_fmt(s["speedup_geomean"], ".2f", "x"))
+        lines.append(cells)
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+    right = {2, 3, 4, 5, 6}
+    text = []
+    for i, row in enumerate(lines):
+        if i == len(lines) - len(providers):
+            text.append("-" * (sum(widths) + 2 * (len(widths) - 1)))
+        text.append("  ".join(str(c).rjust(w) if j in right else str(c).ljust(w)
+                              for j, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(text)
+
+
+def append_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    """Append the rows to a JSON Lines file: one result per line, runs accumulate."""
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True)
+    with p.open("a") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=str) + "\n")

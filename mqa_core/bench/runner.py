@@ -1,0 +1,89 @@
+"""The benchmark loop: for each workload, check every provider against a reference, then time it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from ..errors import ProviderUnavailableError
+from ..provider import Provider
+from ..select import shape_reason
+from ..testing.providers import provider_named
+from .timing import sync, time_calls
+from .verify import Verdict, compare
+from .workloads import Workload, input_sets
+
+
+def reference(w: Workload, x: Any, providers: Mapping[tuple[str, str], Provider], arch: str
+              ) -> tuple[Optional[torch.Tensor], str]:
+    """The float64 oracle when it fits, else torch_ref (exact fp32) on the same device, else none."""
+    if w.oracle_fits():
+        return w.float64_reference(x), "float64 oracle"
+    ref = providers.get(("torch_ref", w.op))
+    if ref is None:
+        try:
+            ref = provider_named("torch_ref", arch, op=w.op)
+        except ProviderUnavailableError:
+            return None, ""
+    return w.run(ref, x), "torch_ref (fp32)"
+
+
+def run_workloads(work: Sequence[Workload], names: Sequence[str],
+                  providers: Mapping[tuple[str, str], Provider], device: torch.device, arch: str, *,
+                  warmup: int, repeat: int, seed: int = 0, peak: Optional[float] = None,
+                  common: Optional[Mapping[str, Any]] = None,
+                  progress: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """One row per (workload, provider): status ok (timed), wrong, error or skipped, with the reason."""
+    rows: list[dict[str, Any]] = []
+    for i, w in enumerate(work, 1):
+        tag = f"[{i}/{len(work)}] {w.name}"
+        sets = [w.setup(device, seed + j) for j in range(input_sets(w, device))]
+        pairs, flops = w.valid_pairs(sets[0]), w.flops(sets[0])
+        ref_out: Optional[torch.Tensor] = None
+        against = ""
+        for name in names:
+            row: dict[str, Any] = {
+                "provider": name, "workload": w.name, "op": w.op, "kind": w.kind, "m": w.problem.m,
+                "n": w.problem.n, "h": w.problem.h, "d": w.problem.d, "batch": w.batch or None,
+                "next_n": w.next_n or None, "clean": w.clean, "valid_pairs": pairs, "flops": flops,
+                "repeat": repeat, "warmup": warmup, "input_sets": len(sets), **(common or {})}
+            rows.append(row)
+            provider = providers.get((name, w.op))
+            reason = f"does not declare {w.op}" if provider is None else shape_reason(provider.spec, w.problem)
+            if reason:
+                row.update(status="skipped", reason=reason)
+                progress(f"{tag} {name}: skipped ({reason})")
+                continue
+            assert provider is not None
+            if ref_out is None and not against:
+                ref_out, against = reference(w, sets[0], providers, arch)
+                against = against or "none"
+            try:
+                out = w.run(provider, sets[0])
+                sync(device)
+                verdict = (compare(out, ref_out, clean=w.clean, against=against) if ref_out is not None
+                           else Verdict(True, float("nan"), True, "none", "unverified: no reference here"))
+                del out
+            except Exception as exc:  # a crashing provider is reported; the others still run
+                row.update(status="error", reason=f"{type(exc).__name__}: {exc}")
+                progress(f"{tag} {name}: ERROR {row['reason']}")
+                continue
+            row.update(calc_diff=verdict.calc_diff, mask_identical=verdict.mask_identical,
+                       verified_against=verdict.against)
+            if not verdict.ok:
+                row.update(status="wrong", reason=verdict.detail)
+                progress(f"{tag} {name}: WRONG vs {against}: {verdict.detail}")
+                continue
+            t = time_calls(lambda x, p=provider: w.run(p, x), sets, device, warmup=warmup, repeat=repeat)
+            s = t.summary()
+            tflops = flops / (s["median"] * 1e-3) / 1e12
+            row.update(status="ok", ms_median=s["median"], ms_p10=s["p10"], ms_p90=s["p90"],
+                       ms_min=s["min"], ms_mean=s["mean"], tflops=tflops,
+                       pct_peak=None if peak is None else 100 * tflops / peak)
+            progress(f"{tag} {name}: ok (calc_diff {verdict.calc_diff:.1e} vs {against}), "
+                     f"{s['median']:.3f} ms, {tflops:.3g} TFLOP/s")
+        del sets, ref_out
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,135 @@
+"""``mqa bench``: A/B the providers usable here over a preset of shapes, correctness first.
+
+Prints which provider serves this machine and why (the ``mqa explain`` table), then checks every
+provider's output on every workload against a reference, times the correct ones (progress on
+stderr), and prints one row per provider and workload plus geomeans. ``--json`` appends the rows to
+a JSON Lines file; ``--plot`` draws them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..spec import Problem
+from .common import UserError
+
+EPILOG = """presets:
+  quick    causal and full prefill, M=256 N=1024 H=32 D=128 (seconds on a CPU)
+  prefill  H=32,64 D=128: the last 4k of 16k tokens causal, 8k causal, the last 16k of 48k
+           (ks=0, ke=32768+m+1), and 4k x 16k with full windows
+  decode   paged: batch 1/32/128 x context 1k/8k/32k x next_n 1/2, H=32,64, D=128
+
+examples:
+  mqa bench                                   # quick preset, every provider usable here
+  mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
+  mqa bench --providers gluon,triton --shape 4096,16384,64,128"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmark providers over a preset of shapes, correctness first",
+                       description="Check, then time, every provider usable on the device (or the ones "
+                                   "named) over a preset of shapes. Exit status 1 when a provider "
+                                   "computes a wrong result or crashes.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p.add_argument("--providers", metavar="A,B", help="providers to compare (default: all usable here)")
+    p.add_argument("--preset", choices=("quick", "prefill", "decode"),
+                   help="the workloads (default: quick, unless --shape is given)")
+    p.add_argument("--shape", action="append", default=[], type=Problem.parse, metavar="M,N,H,D",
+                   help="a causal prefill workload (repeatable; added to --preset)")
+    p.add_argument("--clean", action=argparse.BooleanOptionalAction, default=True,
+                   help="clean_logits: -inf outside the windows (default: on)")
+    p.add_argument("--baseline", metavar="NAME", help="show speedups against this provider")
+    p.add_argument("--repeat", type=int, default=None, help="timed calls (default: 30 on GPU, 5 on CPU)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed calls first (default: 5 on GPU, 1 on CPU)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--json", metavar="FILE", help="append one JSON line per provider x workload to FILE")
+    p.add_argument("--plot", metavar="FILE.png", help="draw TFLOP/s per workload and provider (needs matplotlib)")
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..api import explain
+    from ..arch import arch_of_device
+    from ..bench import report
+    from ..bench import workloads as wl
+    from ..bench.plot import PlotUnavailable, plot
+    from ..bench.runner import run_workloads
+    from ..errors import ProviderUnavailableError
+    from ..testing.providers import provider_named, spec_named, usable_providers
+
+    if args.plot:  # fail before minutes of benchmarking, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install 'mqa-core[plot]' (or pip install matplotlib)")
+    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
+        raise UserError("--repeat must be >= 1 and --warmup >= 0")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    arch = arch_of_device(device)
+    gpu = device.type != "cpu"
+    repeat = args.repeat or (30 if gpu else 5)
+    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    preset = args.preset or ("quick" if not args.shape else None)
+    work = wl.PRESETS[preset](args.clean) if preset else []
+    work += [wl.shape_workload(s, args.clean) for s in args.shape]
+    ops = list(dict.fromkeys(w.op for w in work))
+
+    for op in ops:  # which provider serves this machine, and why, before any number
+        print(explain(arch, op=op), end="\n\n", flush=True)
+    names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
+             else usable_providers(arch, ops))
+    if args.baseline and args.baseline not in names:
+        names.append(args.baseline)
+    if not names:
+        raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)}: see above")
+    providers = {}
+    for name in names:
+        spec = spec_named(name)
+        if spec is None:
+            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
+        for op in ops:
+            if op in spec.ops:
+                try:
+                    providers[(name, op)] = provider_named(name, arch, op=op)
+                except ProviderUnavailableError as exc:
+                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}")
+
+    name_of_device = report.device_name(device)
+    peak = report.fp8_peak(name_of_device)
+    common = {"device": str(device), "device_name": name_of_device, "arch": arch,
+              "versions": report.versions(list({p.name: p for p in providers.values()}.values())),
+              "commit": report.git_commit(), "date": report.now()}
+    _progress(f"mqa bench: {len(work)} workloads x {len(names)} providers ({', '.join(names)}) on "
+              f"{name_of_device}; fp8 peak {'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}; "
+              f"{warmup} warm-up + {repeat} timed calls each, correctness checked first")
+    rows = run_workloads(work, names, providers, device, arch, warmup=warmup, repeat=repeat,
+                         seed=args.seed, peak=peak, common=common, progress=_progress)
+    report.add_speedups(rows, args.baseline)
+
+    print(f"fp8 MQA logits on {name_of_device} ({arch}): median of {repeat} calls after {warmup} warm-up, "
+          f"inputs rotated; TFLOP/s counts 2*H*D per in-window pair")
+    print(report.table(rows, names, args.baseline))
+    if args.json:
+        report.append_jsonl(args.json, rows)
+        print(f"appended {len(rows)} rows to {args.json}")
+    if args.plot:
+        try:
+            plot(rows, list(dict.fromkeys((w.name, w.label) for w in work)), names, args.plot,
+                 f"fp8 MQA logits on {name_of_device} ({arch}): TFLOP/s, higher is better")
+        except PlotUnavailable as exc:
+            raise UserError(str(exc))
+        print(f"wrote {args.plot}")
+    bad = [r for r in rows if r["status"] in ("wrong", "error")]
+    if bad:
+        print(f"mqa bench: {len(bad)} result(s) wrong or crashed: "
+              + "; ".join(f"{r['provider']} on {r['workload']}: {r['reason']}" for r in bad), file=sys.stderr)
+    return 1 if bad else 0

@@ -1,0 +1,80 @@
+"""Name a provider the way a user does (``MQA_PROVIDER``) and get exactly what they would get.
+
+The kit and ``mqa bench`` must test the object an engine receives, through the real selection path,
+and fail with the rendered trace when the named provider cannot serve the device; so they set the
+environment variables for the duration of the call and reload the registry on the way in and out.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
+
+from .. import api, registry
+from ..decision import Decision
+from ..provider import Provider
+from ..spec import OPS, Problem, ProviderSpec
+
+_lock = threading.RLock()
+
+
+@contextmanager
+def environment(**values: Optional[str]) -> Iterator[None]:
+    """Set (or, with None, unset) ``MQA_*`` variables and reload; restore and reload afterwards."""
+    with _lock:
+        saved = {k: os.environ.get(k) for k in values}
+        try:
+            for k, v in values.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            api.reload()
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            api.reload()
+
+
+def provider_named(name: str, arch: str, *, op: str = "fp8_mqa_logits", dtype: Optional[str] = None,
+                   problem: Optional[Problem] = None) -> Provider:
+    """What ``get_provider`` returns under ``MQA_PROVIDER=name``; raises with the trace if it cannot."""
+    with environment(MQA_PROVIDER=name):
+        return api.get_provider(arch, op=op, dtype=dtype, problem=problem)
+
+
+def explain_with(arch: str, *, op: str = "fp8_mqa_logits", problem: Optional[Problem] = None,
+                 **env: Optional[str]) -> Decision:
+    """``mqa_core.explain`` under temporarily changed ``MQA_*`` variables."""
+    with environment(**env):
+        return api.explain(arch, op=op, problem=problem)
+
+
+def spec_named(name: str) -> Optional[ProviderSpec]:
+    for spec in registry.state().discovery.specs:
+        if spec.name == name:
+            return spec
+    return None
+
+
+def installed_names() -> list[str]:
+    return [s.name for s in registry.state().discovery.specs]
+
+
+def usable_providers(arch: str, ops: Sequence[str] = OPS) -> list[str]:
+    """Providers that can serve at least one of ``ops`` on ``arch``, in selection order.
+
+    A provider set aside only because ``MQA_PROVIDER`` names another still counts as usable.
+    """
+    names: dict[str, None] = {}
+    for op in ops:
+        for c in api.explain(arch, op=op).candidates:
+            if c.accepted or c.code == "preference":
+                names.setdefault(c.name)
+    return list(names)

@@ -1,0 +1,174 @@
+"""`mqa check` and `mqa bench` on the CPU: summaries, exit status, JSON rows, the plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mqa_core.bench import report
+from mqa_core.bench.runner import run_workloads
+from mqa_core.bench.timing import Timing
+from mqa_core.bench.workloads import PAGED, PRESETS, Workload, input_sets
+from mqa_core.cli.main import main
+from mqa_core.spec import Problem
+from mqa_core.testing.providers import provider_named
+
+WRONG_SCALE = {
+    "wrong_scale_provider/__init__.py": """
+        from mqa_core import ProviderSpec, hookimpl
+
+        @hookimpl
+        def mqa_providers():
+            return [ProviderSpec(name="wrong_scale", ops={"fp8_mqa_logits"}, archs={"cpu"},
+                                 dtypes={"float8_e4m3fn"}, priority=-100,
+                                 load="wrong_scale_provider.kernel:KERNEL")]
+    """,
+    "wrong_scale_provider/kernel.py": """
+        import torch
+
+        class Kernel:  # forgets k_scale
+            def fp8_mqa_logits(self, q, kv, w, ks, ke, *, clean_logits=True):
+                k = kv[0]
+                s = torch.einsum("mhd,nd->mhn", q.float(), k.float()).clamp_min(0)
+                out = torch.einsum("mhn,mh->mn", s, w)
+                cols = torch.arange(k.shape[0])[None, :]
+                inside = (cols >= ks.long()[:, None]) & (cols < ke.long()[:, None])
+                return out.masked_fill(~inside, float("-inf"))
+
+        KERNEL = Kernel()
+    """,
+}
+
+
+@pytest.fixture
+def wrong_scale(install_dist, monkeypatch: pytest.MonkeyPatch) -> Path:
+    site = install_dist("wrong-scale-provider", "1.0", WRONG_SCALE,
+                        entry_points={"mqa_core.providers": {"wrong_scale": "wrong_scale_provider"}})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
+    return site
+
+
+def test_check_summarises_per_provider_and_fails_on_a_wrong_one(wrong_scale: Path) -> None:
+    cmd = [sys.executable, "-m", "mqa_core.cli.main", "check", "--provider", "torch_ref",
+           "--provider", "wrong_scale", "-k", "spec or selection or (window and causal)", "--json",
+           "--seed", "7"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["seed"] == 7 and data["device"] == "cpu" and not data["passed"]
+    ok, bad = data["providers"]["torch_ref"], data["providers"]["wrong_scale"]
+    assert ok["failed"] == 0 and ok["passed"] == 4, ok
+    assert bad["failed"] == 2 and bad["passed"] == 2, bad
+    msg = bad["failures"][0]["message"]
+    assert "[wrong_scale] fp8_mqa_logits window=causal" in msg and "calc_diff" in msg and "seed=" in msg
+
+
+def test_check_text_summary_and_unknown_provider(capsys: pytest.CaptureFixture[str]) -> None:
+    from mqa_core.cli.check import render
+
+    data = {"device": "cpu", "arch": "cpu", "seed": 3, "keyword": None, "collection_errors": [],
+            "passed": False, "providers": {
+                "a": {"passed": 5, "failed": 0, "skipped": 1, "seconds": 1.0, "failures": []},
+                "b": {"passed": 1, "failed": 1, "skipped": 0, "seconds": 0.5,
+                      "failures": [{"case": "test_x[b]", "message": "calc_diff 1e-01 >= 1e-03"}]}}}
+    text = render(data)
+    assert "a  PASS  5 passed, 0 failed, 1 skipped" in text
+    assert "b  FAIL  1 passed, 1 failed" in text and "test_x[b]: calc_diff 1e-01" in text
+    assert text.endswith("FAILED")
+
+
+def test_bench_shape_json_plot_and_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, png = tmp_path / "rows.jsonl", tmp_path / "chart.png"
+    code = main(["bench", "--providers", "torch_ref", "--shape", "32,96,8,64", "--shape", "1,40,16,32",
+                 "--repeat", "2", "--warmup", "0", "--baseline", "torch_ref", "--json", str(out),
+                 "--plot", str(png)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "chosen: torch_ref" in captured.out  # the explain table comes before the numbers
+    assert "causal M=32 N=96 H=8 D=64" in captured.out and "vs torch_ref" in captured.out
+    assert "geomean over 2 workloads" in captured.out and "1.00x" in captured.out
+    assert "[2/2] causal M=1 N=40 H=16 D=32 torch_ref: ok" in captured.err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"ok"}
+    row = rows[0]
+    assert row["valid_pairs"] == sum(range(96 - 32 + 1, 96 + 1))  # causal suffix: row m sees N-M+m+1
+    assert row["flops"] == 2 * 8 * 64 * row["valid_pairs"]
+    for key in ("ms_median", "ms_p10", "ms_p90", "tflops", "device", "versions", "date", "commit",
+                "calc_diff", "verified_against", "input_sets"):
+        assert key in row
+    assert row["versions"]["torch"] == torch.__version__ and "torch_ref" in row["versions"]["providers"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_flags_a_wrong_provider(wrong_scale: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--providers", "torch_ref,wrong_scale", "--shape", "16,48,4,32",
+                 "--repeat", "1", "--warmup", "0"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "wrong_scale: WRONG vs float64 oracle: calc_diff" in captured.err
+    assert "WRONG" in captured.out  # the table row says so instead of a time
+
+
+def test_bench_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main(["bench", "--shape", "4,8,1,32", "--plot", "x.png"]) == 2
+    assert "pip install 'mqa-core[plot]'" in capsys.readouterr().err
+
+
+def test_bench_unknown_provider(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--providers", "nope", "--shape", "4,8,1,32"]) == 2
+    assert "'nope' is not installed" in capsys.readouterr().err
+
+
+def test_paged_workload_runs_and_verifies() -> None:
+    w = Workload(PAGED, Problem(2 * 2, 150, 8, 64), "decode", batch=2, next_n=2)
+    provider = provider_named("torch_ref", "cpu", op=PAGED)
+    rows = run_workloads([w], ["torch_ref"], {("torch_ref", PAGED): provider}, torch.device("cpu"), "cpu",
+                         warmup=0, repeat=1)
+    (row,) = rows
+    assert row["status"] == "ok" and row["verified_against"] == "float64 oracle", row
+    assert row["valid_pairs"] == 2 * (149 + 150) and row["calc_diff"] < 1e-9
+
+
+def test_presets_match_the_issue() -> None:
+    prefill = PRESETS["prefill"]()
+    assert {(w.problem.m, w.problem.n, w.kind) for w in prefill} == {
+        (4096, 16384, "suffix"), (8192, 8192, "causal"), (16384, 49152, "chunk"), (4096, 16384, "full")}
+    assert {w.problem.h for w in prefill} == {32, 64} and {w.problem.d for w in prefill} == {128}
+    chunk = next(w for w in prefill if w.kind == "chunk")  # too big to build here; its window rule:
+    assert chunk.problem.n - chunk.problem.m == 32768  # causal suffix: ke = N - M + m + 1 = 32768 + m + 1
+    decode = PRESETS["decode"]()
+    assert {w.batch for w in decode} == {1, 32, 128} and {w.problem.n for w in decode} == {1024, 8192, 32768}
+    assert {w.next_n for w in decode} == {1, 2}
+    assert input_sets(PRESETS["quick"]()[0], torch.device("cpu")) >= 2
+
+
+def test_report_peaks_speedups_and_table() -> None:
+    assert report.fp8_peak("NVIDIA H200") == 1979.0
+    assert report.fp8_peak("NVIDIA H100 PCIe") == 1513.0
+    assert report.fp8_peak("AMD Instinct MI355X") == 5000.0
+    assert report.fp8_peak("AMD Instinct MI300X") == 2615.0
+    assert report.fp8_peak("AMD EPYC 7B13, 2 threads") is None
+    rows = [{"provider": p, "workload": w, "status": "ok", "ms_median": ms, "ms_p10": ms, "ms_p90": ms,
+             "tflops": 100 / ms, "pct_peak": None} for p, w, ms in
+            (("a", "w1", 2.0), ("b", "w1", 1.0), ("a", "w2", 4.0), ("b", "w2", 1.0))]
+    report.add_speedups(rows, "a")
+    assert [r["speedup"] for r in rows] == [1.0, 2.0, 1.0, 4.0]
+    s = report.summary(rows, ["a", "b"])
+    assert s["b"]["speedup_geomean"] == pytest.approx(8 ** 0.5)
+    text = report.table(rows, ["a", "b"], "a")
+    assert "2.83x" in text and "geomean over 2 workloads" in text
+    assert Timing((1.0, 2.0, 3.0, 4.0)).median == 2.5 and Timing((1.0, 3.0)).percentile(50) == 2.0
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "check" in out and "bench" in out
