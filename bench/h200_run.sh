@@ -13,6 +13,10 @@ for job in "$@"; do
   name=${job%%:*}; limit=${job##*:}
   case $name in
     pytest) cmd="python -m pytest -q -m cuda tests -p no:cacheprovider" ;;
+    check) cmd="mqa check --device cuda" ;;
+    prefill) cmd="mqa bench --preset prefill --providers ${PROVIDERS:-gluon,triton,torch_ref} --baseline triton --json $OUT/prefill.jsonl --plot $OUT/prefill.png" ;;
+    prefill_noclean) cmd="mqa bench --preset prefill --no-clean --providers ${PROVIDERS:-gluon,triton} --baseline triton --json $OUT/prefill_noclean.jsonl" ;;
+    decode) cmd="mqa bench --preset decode --providers ${PROVIDERS:-gluon,torch_ref} --json $OUT/decode.jsonl --plot $OUT/decode.png" ;;
     *) cmd="python bench/h200_${name}.py" ;;
   esac
   echo "=== $name (limit ${limit}s): $cmd"

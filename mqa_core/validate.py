@@ -105,6 +105,9 @@ def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any
     _tensor(op, "kv_cache", kv_cache, ["uint8"], (None, None, 1, d + 4),
             "[num_blocks, block_size, 1, D + 4]")
     num_blocks, block_size = kv_cache.shape[:2]
+    if not kv_cache.is_contiguous():
+        raise ValueError(f"{op}: kv_cache must be contiguous (blocks are addressed as block_size * (D + 4) "
+                         f"bytes each); got strides {tuple(kv_cache.stride())}")
     _tensor(op, "weights", weights, ["float32"], (b * next_n, h), "[B * next_n, H]")
     if hasattr(context_lens, "dim") and context_lens.dim() == 2:
         _tensor(op, "context_lens", context_lens, ["int32"], (b, next_n), "[B] or [B, next_n]")

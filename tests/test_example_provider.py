@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ def example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """The example as CI installs it (pip install -e), or, when it is not, laid out the same way:
     its source dir on the path plus a dist-info whose entry points come from its own pyproject."""
     if not _installed():
+        tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
         meta = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
         site = tmp_path / "site"
         info = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"

@@ -8,8 +8,9 @@ import json
 import math
 import platform
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ def device_name(device: torch.device) -> str:
     return f"{model or platform.processor() or platform.machine() or 'CPU'}, {torch.get_num_threads()} threads"
 
 
-def fp8_peak(name: str) -> Optional[float]:
+def fp8_peak(name: str) -> float | None:
     for fragment, peak in FP8_PEAK_TFLOPS:
         if fragment.lower() in name.lower():
             return peak
@@ -42,7 +43,7 @@ def fp8_peak(name: str) -> Optional[float]:
 
 def versions(providers: Sequence[Any]) -> dict[str, Any]:
     """torch, triton (without importing it), mqa-core, and each benchmarked provider's distribution."""
-    def version(dist: str) -> Optional[str]:
+    def version(dist: str) -> str | None:
         try:
             return md.version(dist)
         except md.PackageNotFoundError:
@@ -54,7 +55,7 @@ def versions(providers: Sequence[Any]) -> dict[str, Any]:
             "providers": {p.name: f"{p.spec.distribution}=={p.spec.version}" for p in providers}}
 
 
-def git_commit() -> Optional[str]:
+def git_commit() -> str | None:
     """The commit of the mqa-core checkout, with ``+dirty`` for local changes; None outside git."""
     here = Path(__file__).resolve().parent
     try:
@@ -71,12 +72,12 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def geomean(values: Sequence[float]) -> Optional[float]:
+def geomean(values: Sequence[float]) -> float | None:
     vals = [v for v in values if v and v > 0 and math.isfinite(v)]
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
-def add_speedups(rows: list[dict[str, Any]], baseline: Optional[str]) -> None:
+def add_speedups(rows: list[dict[str, Any]], baseline: str | None) -> None:
     if not baseline:
         return
     base = {r["workload"]: r["ms_median"] for r in rows if r["provider"] == baseline and r["status"] == "ok"}
@@ -96,11 +97,11 @@ def summary(rows: list[dict[str, Any]], providers: Sequence[str]) -> dict[str, d
     return out
 
 
-def _fmt(v: Optional[float], spec: str, suffix: str = "") -> str:
+def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
 
-def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: Optional[str]) -> str:
+def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | None) -> str:
     head = ["provider", "workload", "median ms", "p10-p90 ms", "TFLOP/s", "% fp8 peak"]
     if baseline:
         head.append(f"vs {baseline}")
@@ -132,6 +133,18 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: Option
         text.append("  ".join(str(c).rjust(w) if j in right else str(c).ljust(w)
                               for j, (c, w) in enumerate(zip(row, widths))).rstrip())
     return "\n".join(text)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """Rows saved by :func:`append_jsonl`; for a (provider, workload) run more than once, the last."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                latest.pop((row["provider"], row["workload"]), None)
+                latest[(row["provider"], row["workload"])] = row
+    return list(latest.values())
 
 
 def append_jsonl(path: str, rows: list[dict[str, Any]]) -> None:

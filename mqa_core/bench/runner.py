@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -16,7 +17,7 @@ from .workloads import Workload, input_sets
 
 
 def reference(w: Workload, x: Any, providers: Mapping[tuple[str, str], Provider], arch: str
-              ) -> tuple[Optional[torch.Tensor], str]:
+              ) -> tuple[torch.Tensor | None, str]:
     """The float64 oracle when it fits, else torch_ref (exact fp32) on the same device, else none."""
     if w.oracle_fits():
         return w.float64_reference(x), "float64 oracle"
@@ -31,8 +32,8 @@ def reference(w: Workload, x: Any, providers: Mapping[tuple[str, str], Provider]
 
 def run_workloads(work: Sequence[Workload], names: Sequence[str],
                   providers: Mapping[tuple[str, str], Provider], device: torch.device, arch: str, *,
-                  warmup: int, repeat: int, seed: int = 0, peak: Optional[float] = None,
-                  common: Optional[Mapping[str, Any]] = None,
+                  warmup: int, repeat: int, seed: int = 0, peak: float | None = None,
+                  common: Mapping[str, Any] | None = None,
                   progress: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
     """One row per (workload, provider): status ok (timed), wrong, error or skipped, with the reason."""
     rows: list[dict[str, Any]] = []
@@ -40,11 +41,11 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
         tag = f"[{i}/{len(work)}] {w.name}"
         sets = [w.setup(device, seed + j) for j in range(input_sets(w, device))]
         pairs, flops = w.valid_pairs(sets[0]), w.flops(sets[0])
-        ref_out: Optional[torch.Tensor] = None
+        ref_out: torch.Tensor | None = None
         against = ""
         for name in names:
             row: dict[str, Any] = {
-                "provider": name, "workload": w.name, "op": w.op, "kind": w.kind, "m": w.problem.m,
+                "provider": name, "workload": w.name, "label": w.label, "op": w.op, "kind": w.kind, "m": w.problem.m,
                 "n": w.problem.n, "h": w.problem.h, "d": w.problem.d, "batch": w.batch or None,
                 "next_n": w.next_n or None, "clean": w.clean, "valid_pairs": pairs, "flops": flops,
                 "repeat": repeat, "warmup": warmup, "input_sets": len(sets), **(common or {})}
@@ -75,7 +76,10 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
                 row.update(status="wrong", reason=verdict.detail)
                 progress(f"{tag} {name}: WRONG vs {against}: {verdict.detail}")
                 continue
-            t = time_calls(lambda x, p=provider: w.run(p, x), sets, device, warmup=warmup, repeat=repeat)
+            def call(x: Any, w: Workload = w, p: Provider = provider) -> torch.Tensor:
+                return w.run(p, x)
+
+            t = time_calls(call, sets, device, warmup=warmup, repeat=repeat)
             s = t.summary()
             tflops = flops / (s["median"] * 1e-3) / 1e12
             row.update(status="ok", ms_median=s["median"], ms_p10=s["p10"], ms_p90=s["p90"],

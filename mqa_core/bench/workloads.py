@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -155,7 +155,7 @@ def shape_workload(problem: Problem, clean: bool = True) -> Workload:
     return Workload(PREFILL, problem, "causal", clean)
 
 
-def input_sets(w: Workload, device: torch.device, budget_bytes: Optional[int] = None) -> int:
+def input_sets(w: Workload, device: torch.device, budget_bytes: int | None = None) -> int:
     """How many input sets to rotate so that caches do not hold one set between calls: enough to
     exceed a budget (512 MiB on a GPU, past any L2 or Infinity Cache; 64 MiB on a CPU), 2 to 8."""
     budget = budget_bytes or (512 if device.type != "cpu" else 64) * 2**20

@@ -48,29 +48,76 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--json", metavar="FILE", help="append one JSON line per provider x workload to FILE")
     p.add_argument("--plot", metavar="FILE.png", help="draw TFLOP/s per workload and provider (needs matplotlib)")
+    p.add_argument("--from-json", metavar="FILE", dest="from_json",
+                   help="run nothing: print the table (and --plot) from rows an earlier --json saved")
 
 
 def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _check_plot(path: str | None) -> None:
+    if path:  # fail before minutes of benchmarking, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install 'mqa-core[plot]' "
+                            "(or pip install matplotlib)") from None
+
+
+def _render(rows: list[dict[str, Any]], names: list[str], baseline: str | None, plot_path: str | None,
+            title: str) -> None:
+    from ..bench import report
+    from ..bench.plot import PlotUnavailable, plot
+
+    report.add_speedups(rows, baseline)
+    print(report.table(rows, names, baseline))
+    if plot_path:
+        workloads = list(dict.fromkeys((r["workload"], r.get("label") or r["workload"]) for r in rows))
+        try:
+            plot(rows, workloads, names, plot_path, title)
+        except PlotUnavailable as exc:
+            raise UserError(str(exc)) from None
+        print(f"wrote {plot_path}")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ..bench import report
+
+    try:
+        rows = report.read_jsonl(args.from_json)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"cannot read benchmark rows from {args.from_json}: {exc}") from None
+    if not rows:
+        raise UserError(f"{args.from_json} holds no rows")
+    names = list(dict.fromkeys(r["provider"] for r in rows))
+    if args.providers:
+        keep = [n.strip() for n in args.providers.split(",") if n.strip()]
+        rows = [r for r in rows if r["provider"] in keep]
+        names = [n for n in keep if n in names]
+    first = rows[0]
+    where = f"{first.get('device_name', '?')} ({first.get('arch', '?')})"
+    print(f"fp8 MQA logits on {where}, from {args.from_json} ({first.get('date', '?')}, "
+          f"commit {first.get('commit') or 'unknown'})")
+    _render(rows, names, args.baseline, args.plot, f"fp8 MQA logits on {where}: TFLOP/s, higher is better")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    _check_plot(args.plot)
+    if args.from_json:
+        return _replay(args)
+
     import torch
 
     from ..api import explain
     from ..arch import arch_of_device
     from ..bench import report
     from ..bench import workloads as wl
-    from ..bench.plot import PlotUnavailable, plot
     from ..bench.runner import run_workloads
     from ..errors import ProviderUnavailableError
     from ..testing.providers import provider_named, spec_named, usable_providers
 
-    if args.plot:  # fail before minutes of benchmarking, not after
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UserError("--plot needs matplotlib: pip install 'mqa-core[plot]' (or pip install matplotlib)")
     if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
         raise UserError("--repeat must be >= 1 and --warmup >= 0")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -101,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                 try:
                     providers[(name, op)] = provider_named(name, arch, op=op)
                 except ProviderUnavailableError as exc:
-                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}")
+                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
 
     name_of_device = report.device_name(device)
     peak = report.fp8_peak(name_of_device)
@@ -113,21 +160,15 @@ def run(args: argparse.Namespace) -> int:
               f"{warmup} warm-up + {repeat} timed calls each, correctness checked first")
     rows = run_workloads(work, names, providers, device, arch, warmup=warmup, repeat=repeat,
                          seed=args.seed, peak=peak, common=common, progress=_progress)
-    report.add_speedups(rows, args.baseline)
-
     print(f"fp8 MQA logits on {name_of_device} ({arch}): median of {repeat} calls after {warmup} warm-up, "
           f"inputs rotated; TFLOP/s counts 2*H*D per in-window pair")
-    print(report.table(rows, names, args.baseline))
+    report.add_speedups(rows, args.baseline)
     if args.json:
         report.append_jsonl(args.json, rows)
+    _render(rows, names, args.baseline, args.plot,
+            f"fp8 MQA logits on {name_of_device} ({arch}): TFLOP/s, higher is better")
+    if args.json:
         print(f"appended {len(rows)} rows to {args.json}")
-    if args.plot:
-        try:
-            plot(rows, list(dict.fromkeys((w.name, w.label) for w in work)), names, args.plot,
-                 f"fp8 MQA logits on {name_of_device} ({arch}): TFLOP/s, higher is better")
-        except PlotUnavailable as exc:
-            raise UserError(str(exc))
-        print(f"wrote {args.plot}")
     bad = [r for r in rows if r["status"] in ("wrong", "error")]
     if bad:
         print(f"mqa bench: {len(bad)} result(s) wrong or crashed: "

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from .common import UserError, add_json, emit
 
@@ -40,7 +40,7 @@ class _Outcomes:
     """A pytest plugin object: each case's outcome and failure message, keyed by provider."""
 
     def __init__(self) -> None:
-        self.provider_of: dict[str, Optional[str]] = {}
+        self.provider_of: dict[str, str | None] = {}
         self.outcome: dict[str, str] = {}
         self.message: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
@@ -69,10 +69,12 @@ class _Outcomes:
             self.outcome[node] = "passed"
 
     def summary(self, names: list[str]) -> dict[str, dict[str, Any]]:
-        result = {n: {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0, "failures": []} for n in names}
+        def empty() -> dict[str, Any]:
+            return {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0, "failures": []}
+
+        result = {n: empty() for n in names}
         for node, outcome in self.outcome.items():
-            row = result.setdefault(self.provider_of.get(node) or "?",
-                                    {"passed": 0, "failed": 0, "skipped": 0, "seconds": 0.0, "failures": []})
+            row = result.setdefault(self.provider_of.get(node) or "?", empty())
             row[outcome] += 1
             row["seconds"] += self.seconds.get(node, 0.0)
             if outcome == "failed":
@@ -100,16 +102,19 @@ def _suite() -> str:
     return found.origin
 
 
-def run_kit(names: list[str], device: str, seed: int, keyword: Optional[str], verbose: bool,
+def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbose: bool,
             quiet: bool) -> tuple[int, _Outcomes]:
     """Run the kit in this process with a configuration of its own; returns pytest's exit code."""
-    import pytest
+    try:
+        import pytest
+    except ImportError:
+        raise UserError("mqa check runs the kit with pytest: pip install pytest") from None
 
     outcomes = _Outcomes()
     with tempfile.TemporaryDirectory(prefix="mqa-check-") as tmp:
         ini = Path(tmp, "pytest.ini")
         ini.write_text("[pytest]\n")
-        argv = [_suite(), "-c", str(ini), "--rootdir", tmp, "-p", "no:cacheprovider",
+        argv = [_suite(), "-c", str(ini), "--rootdir", tmp, "--noconftest", "-p", "no:cacheprovider",
                 "--mqa-device", device, "--mqa-seed", str(seed), "--tb=line",
                 "-v" if verbose else "-q", "--no-header"]
         argv += [a for n in names for a in ("--mqa-provider", n)]

@@ -6,8 +6,9 @@ shows both the sentence below and the compared values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ def _at(mask: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in mask.nonzero()[0])
 
 
-def _window_text(windows: Optional[tuple[torch.Tensor, torch.Tensor]], row: int) -> str:
+def _window_text(windows: tuple[torch.Tensor, torch.Tensor] | None, row: int) -> str:
     if windows is None:
         return ""
     ks, ke = windows
@@ -73,7 +74,7 @@ def _window_text(windows: Optional[tuple[torch.Tensor, torch.Tensor]], row: int)
 
 
 def check_logits(out: Any, ref: torch.Tensor, case: Case, *, clean: bool,
-                 windows: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> float:
+                 windows: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
     """Assert the contract on one output against a float64 reference (-inf outside windows).
 
     In-window cells must be finite and within :data:`TOLERANCE` by calc_diff; with ``clean`` every

@@ -9,10 +9,11 @@ or inf in-window, and with ``clean_logits`` every other cell -inf.
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import torch
@@ -44,9 +45,6 @@ PREFILL = "fp8_mqa_logits"
 PAGED = "fp8_paged_mqa_logits"
 GRID = tuple((h, d) for h in HEADS for d in HEAD_DIMS) + PROBES
 
-#: (provider, op, dtype) -> Provider, or the message every case of it fails with.
-_providers: dict[tuple[str, str, str], Any] = {}
-
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = list(metafunc.config.getoption("mqa_provider"))
@@ -75,6 +73,8 @@ class Kit:
     arch: str
     base_seed: int
     nodeid: str
+    #: (provider, op, dtype) -> Provider, or the message every case of it fails with; one per session.
+    providers: dict[tuple[str, str, str], Any]
     dtype: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,15 +85,15 @@ class Kit:
         """Fresh per run (the base seed is random unless --mqa-seed), distinct per case."""
         return (self.base_seed + zlib.crc32(self.nodeid.encode())) % 2**31
 
-    def provider(self, op: str = PREFILL, dtype: Optional[str] = None) -> Provider:
+    def provider(self, op: str = PREFILL, dtype: str | None = None) -> Provider:
         key = (self.name, op, dtype or self.dtype)
-        if key not in _providers:
+        if key not in self.providers:
             try:
-                _providers[key] = named.provider_named(self.name, self.arch, op=op, dtype=key[2])
+                self.providers[key] = named.provider_named(self.name, self.arch, op=op, dtype=key[2])
             except ProviderUnavailableError as exc:
-                _providers[key] = (f"provider {self.name} cannot serve {op} ({key[2]}) on {self.device} "
-                                   f"({self.arch}) under MQA_PROVIDER={self.name}:\n{exc}")
-        got = _providers[key]
+                self.providers[key] = (f"provider {self.name} cannot serve {op} ({key[2]}) on "
+                                       f"{self.device} ({self.arch}) under MQA_PROVIDER={self.name}:\n{exc}")
+        got = self.providers[key]
         if isinstance(got, str):
             pytest.fail(got, pytrace=False)
         return got
@@ -114,8 +114,14 @@ class Kit:
         return Problem(m, n, *hd)
 
 
+@pytest.fixture(scope="session")
+def provider_cache() -> dict[tuple[str, str, str], Any]:
+    return {}
+
+
 @pytest.fixture
-def kit(provider_name: str, request: pytest.FixtureRequest) -> Kit:
+def kit(provider_name: str, provider_cache: dict[tuple[str, str, str], Any],
+        request: pytest.FixtureRequest) -> Kit:
     spec = named.spec_named(provider_name)
     if spec is None:
         from .. import registry
@@ -125,7 +131,7 @@ def kit(provider_name: str, request: pytest.FixtureRequest) -> Kit:
                     f"{', '.join(named.installed_names()) or 'none'}{broken}", pytrace=False)
     config = request.config
     return Kit(provider_name, spec, kit_device(config), kit_arch(config), config.stash[BASE_SEED],
-               request.node.nodeid)
+               request.node.nodeid, provider_cache)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -138,7 +144,7 @@ def _reference(x: Inputs) -> torch.Tensor:
 
 
 def run_prefill(kit: Kit, problem: Problem, *, window: str = "ragged", clean: bool = True,
-                k_scale_2d: bool = False, dtype: Optional[str] = None, what: str = ""
+                k_scale_2d: bool = False, dtype: str | None = None, what: str = ""
                 ) -> tuple[Inputs, torch.Tensor, Case]:
     """One poisoned call on fresh inputs, checked against the oracle; returns what a case reuses."""
     kit.require(PREFILL)
@@ -189,8 +195,6 @@ def test_selection(kit: Kit) -> None:
     op = PREFILL if PREFILL in kit.spec.ops else PAGED
     chosen = named.explain_with(kit.arch, op=op, MQA_PROVIDER=kit.name)
     assert chosen.chosen == kit.name, f"[{kit.name}] is not selectable on {kit.arch}:\n{chosen}"
-    import os
-
     blocked = ",".join(filter(None, (os.environ.get("MQA_DISABLE_PROVIDERS", ""), kit.name)))
     d = named.explain_with(kit.arch, op=op, MQA_DISABLE_PROVIDERS=blocked)
     assert d.candidate(kit.name).code == "blocked" and d.chosen != kit.name, \

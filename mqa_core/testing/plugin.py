@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -50,7 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [suite]
 
 
-def pytest_report_header(config: pytest.Config) -> Optional[str]:
+def pytest_report_header(config: pytest.Config) -> str | None:
     names = config.getoption("mqa_provider")
     if not names:
         return None

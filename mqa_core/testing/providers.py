@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
 
 from .. import api, registry
 from ..decision import Decision
@@ -21,7 +21,7 @@ _lock = threading.RLock()
 
 
 @contextmanager
-def environment(**values: Optional[str]) -> Iterator[None]:
+def environment(**values: str | None) -> Iterator[None]:
     """Set (or, with None, unset) ``MQA_*`` variables and reload; restore and reload afterwards."""
     with _lock:
         saved = {k: os.environ.get(k) for k in values}
@@ -42,21 +42,21 @@ def environment(**values: Optional[str]) -> Iterator[None]:
             api.reload()
 
 
-def provider_named(name: str, arch: str, *, op: str = "fp8_mqa_logits", dtype: Optional[str] = None,
-                   problem: Optional[Problem] = None) -> Provider:
+def provider_named(name: str, arch: str, *, op: str = "fp8_mqa_logits", dtype: str | None = None,
+                   problem: Problem | None = None) -> Provider:
     """What ``get_provider`` returns under ``MQA_PROVIDER=name``; raises with the trace if it cannot."""
     with environment(MQA_PROVIDER=name):
         return api.get_provider(arch, op=op, dtype=dtype, problem=problem)
 
 
-def explain_with(arch: str, *, op: str = "fp8_mqa_logits", problem: Optional[Problem] = None,
-                 **env: Optional[str]) -> Decision:
+def explain_with(arch: str, *, op: str = "fp8_mqa_logits", problem: Problem | None = None,
+                 **env: str | None) -> Decision:
     """``mqa_core.explain`` under temporarily changed ``MQA_*`` variables."""
     with environment(**env):
         return api.explain(arch, op=op, problem=problem)
 
 
-def spec_named(name: str) -> Optional[ProviderSpec]:
+def spec_named(name: str) -> ProviderSpec | None:
     for spec in registry.state().discovery.specs:
         if spec.name == name:
             return spec

@@ -6,8 +6,6 @@ provider, and the kernel module (``kernel.py``) is imported only once selection 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from mqa_core import Problem, ProviderSpec, hookimpl
 
 #: The sizes the conformance kit has certified this kernel on (its grid goes up to H=128, D=256).
@@ -15,7 +13,7 @@ MAX_HEADS = 128
 MAX_HEAD_DIM = 256
 
 
-def shape_limits(problem: Problem) -> Optional[str]:
+def shape_limits(problem: Problem) -> str | None:
     """Claim only what has been run through ``pytest --mqa-provider example_chunked``."""
     if problem.h > MAX_HEADS:
         return f"H={problem.h} is above {MAX_HEADS}, the largest H this provider is certified on"

@@ -48,7 +48,7 @@ def shape_limits(p: Problem) -> str | None:
 
 
 def _spec(name: str, priority: int, attr: str, description: str) -> ProviderSpec:
-    return ProviderSpec(name=name, ops={"fp8_mqa_logits"}, archs=ARCHS,
+    return ProviderSpec(name=name, ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs=ARCHS,
                         dtypes={"float8_e4m3fn"}, priority=priority,
                         load=f"mqa_provider_gluon.kernels:{attr}", check=check,
                         shape_limits=shape_limits, description=description)

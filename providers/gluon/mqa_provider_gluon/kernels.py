@@ -30,6 +30,15 @@ class MqaKernels:
 
         return fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
+    def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int, *,
+                             clean_logits: bool = True) -> torch.Tensor:
+        # Decode is memory-bound: the Triton kernel serves both providers.
+        from .ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
+
+        return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                           clean_logits)
+
 
 GLUON = MqaKernels(use_gluon=True)
 TRITON = MqaKernels(use_gluon=False)

@@ -40,6 +40,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "math_regs": 232,  # registers per thread of the second math partition (ws only)
     "loader_regs": 40,  # registers per thread of the loader partition (ws only)
     "maxnreg": None,  # kernel-wide register cap (ws only; the default partition gets what is left)
+    "persistent": False,  # persistent warp-specialised kernel (grid = #SMs; ws must be True)
+    "banks": 2,  # persistent only: the tile's wgmma as 2 async halves (queries split) or 1
+    "items_per_sm": 4,  # persistent only: split key ranges until there are this many items per SM
 }
 
 
@@ -320,11 +323,201 @@ def _logits_kernel_ws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, o
         ], [4, 1], [MATH_REGS, LOADER_REGS])
 
 
+# ---------------------------------------------------------------- stage (c): persistent, warp specialised
+@_constexpr_function
+def half_out_layout(BN, QH, num_warps):
+    # [BN keys, QH queries] with no replicated threads when BN * QH >= 32 * num_warps
+    wq = min(num_warps, QH)
+    wn = num_warps // wq
+    return gl.BlockedLayout([max(1, BN // (32 * wn)), 1], [32, 1], [wn, wq], [0, 1])
+
+@_jit
+def _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ: gl.constexpr):
+    """Work item of round r for this program: snake order over (query block heaviest first, split)."""
+    p = gl.program_id(0)
+    idx = r * G + gl.where(r % 2 == 0, p, G - 1 - p)
+    mb = num_mb - 1 - idx // num_splits
+    c0 = (idx % num_splits) * tps
+    c1 = gl.minimum(c0 + tps, n_tiles)
+    return idx < total, mb * BQ, c0, c1
+
+@_jit
+def _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
+    lay1: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    _, _, lo, hi = _block_window(ks_ptr, ke_ptr, m0, M, N, BQ, lay1)
+    t0 = gl.minimum(gl.maximum(lo // BN, c0), c1)
+    t1 = gl.maximum(gl.minimum(gl.cdiv(hi, BN), c1), t0)
+    return t0, t1
+
+@_jit
+def _p_loader(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N, num_splits,
+              tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    G = gl.num_programs(0)
+    num_mb = gl.cdiv(M, BQ)
+    n_tiles = gl.cdiv(N, BN)
+    total = num_mb * num_splits
+    g = 0
+    q_use = 0
+    for r in range(gl.cdiv(total, G)):
+        ok, m0, c0, c1 = _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ)
+        if ok:
+            t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 1)
+            if t1 > t0:
+                qs = q_use % 2
+                # Q double buffer: the load for this item overlaps the math on the previous one
+                mbarrier.wait(q_empty.index(qs), ((q_use // 2) & 1) ^ 1)
+                mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [m0 * H, 0], q_ready.index(qs), q_smem.index(qs))
+                for i in range(t1 - t0):
+                    s = (g + i) % STAGES
+                    mbarrier.wait(empty.index(s), (((g + i) // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), k_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(k_desc, [(t0 + i) * BN, 0], ready.index(s), k_smem.index(s))
+                g += t1 - t0
+                q_use += 1
+
+@_jit
+def _p_reduce(acc, w_row, BN: gl.constexpr, QH: gl.constexpr, H: gl.constexpr, olay: gl.constexpr):
+    s = gl.sum(gl.reshape(gl.maximum(acc, 0.0) * w_row, [BN, QH, H]), axis=2)
+    return gl.convert_layout(s, olay)
+
+@_jit
+def _p_store(s, ksc, n0, rows, ks, ke, mrow, N, BN: gl.constexpr, CLEAN: gl.constexpr, olay: gl.constexpr):
+    s = s * gl.expand_dims(ksc, 1)
+    n2 = gl.expand_dims(n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay)), 1)
+    if CLEAN:
+        s = gl.where((n2 >= ks) & (n2 < ke), s, float("-inf"))
+    gl.store(rows + n2, s, mask=(n2 < N) & mrow)
+
+@_jit
+def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+            M, N, num_splits, tps, WG: gl.constexpr, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr,
+            STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr):
+    """One math warpgroup; tiles alternate between the two warpgroups by a global tile counter.
+
+    With BANKS=2 the tile's wgmma is issued as two async halves (queries split in two): the first
+    half's epilogue runs while the second half is still on the tensor cores."""
+    QH: gl.constexpr = BQ // BANKS
+    NH: gl.constexpr = QH * H
+    mlay: gl.constexpr = mma_layout(BN, NH, 4)
+    olay: gl.constexpr = half_out_layout(BN, QH, 4)
+    G = gl.num_programs(0)
+    num_mb = gl.cdiv(M, BQ)
+    n_tiles = gl.cdiv(N, BN)
+    total = num_mb * num_splits
+    g = 0
+    q_use = 0
+    for r in range(gl.cdiv(total, G)):
+        ok, m0, c0, c1 = _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ)
+        if ok:
+            t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 4)
+            if CLEAN:  # the -inf fill of tiles outside every window: WG 0 before, WG 1 after
+                if WG == 0:
+                    _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, 4)
+                else:
+                    _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, 4)
+            if t1 > t0:
+                # per item: weights, windows and row pointers of each bank, in registers
+                offs_a = m0 + gl.arange(0, QH, layout=gl.SliceLayout(0, olay))
+                mrow_a = gl.expand_dims(offs_a < M, 0)
+                rows_a = out_ptr + gl.expand_dims(offs_a.to(gl.int64) * out_stride, 0)
+                ks_a = gl.expand_dims(gl.load(ks_ptr + offs_a, mask=offs_a < M, other=0), 0)
+                ke_a = gl.expand_dims(gl.load(ke_ptr + offs_a, mask=offs_a < M, other=0), 0)
+                w_a = _load_weights(w_ptr, m0, M, H, QH, False, mlay)
+                if BANKS == 2:
+                    offs_b = offs_a + QH
+                    mrow_b = gl.expand_dims(offs_b < M, 0)
+                    rows_b = out_ptr + gl.expand_dims(offs_b.to(gl.int64) * out_stride, 0)
+                    ks_b = gl.expand_dims(gl.load(ks_ptr + offs_b, mask=offs_b < M, other=0), 0)
+                    ke_b = gl.expand_dims(gl.load(ke_ptr + offs_b, mask=offs_b < M, other=0), 0)
+                    w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
+                qs = q_use % 2
+                mbarrier.wait(q_ready.index(qs), (q_use // 2) & 1)
+                q_all = q_smem.index(qs)
+                q_a = q_all.slice(0, NH).permute((1, 0))
+                acc_a = gl.zeros([BN, NH], gl.float32, mlay)
+                if BANKS == 2:
+                    q_b = q_all.slice(NH, NH).permute((1, 0))
+                    acc_b = gl.zeros([BN, NH], gl.float32, mlay)
+                n_t = t1 - t0
+                for i in range((g + WG) % 2, n_t, 2):
+                    n0 = (t0 + i) * BN
+                    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay))
+                    ksc = gl.load(ksc_ptr + offs_n, mask=offs_n < N, other=0.0)  # in flight during the wgmma
+                    s = (g + i) % STAGES
+                    mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+                    k_tile = k_smem.index(s)
+                    acc_a = warpgroup_mma(k_tile, q_a, acc_a, use_acc=False, is_async=True)
+                    if BANKS == 2:
+                        acc_b = warpgroup_mma(k_tile, q_b, acc_b, use_acc=False, is_async=True)
+                        acc_a = warpgroup_mma_wait(1, deps=(acc_a, ))
+                        r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
+                        acc_b = warpgroup_mma_wait(0, deps=(acc_b, ))
+                        mbarrier.arrive(empty.index(s), count=1)
+                        _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
+                        r_b = _p_reduce(acc_b, w_b, BN, QH, H, olay)
+                        _p_store(r_b, ksc, n0, rows_b, ks_b, ke_b, mrow_b, N, BN, CLEAN, olay)
+                    else:
+                        acc_a = warpgroup_mma_wait(0, deps=(acc_a, ))
+                        mbarrier.arrive(empty.index(s), count=1)
+                        r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
+                        _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
+                mbarrier.arrive(q_empty.index(qs), count=1)
+                g += n_t
+                q_use += 1
+
+@_jit
+def _p_math0(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+             M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+             CLEAN: gl.constexpr, BANKS: gl.constexpr):
+    _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+            M, N, num_splits, tps, 0, H, BQ, BN, STAGES, CLEAN, BANKS)
+
+@_jit
+def _p_math1(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+             M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+             CLEAN: gl.constexpr, BANKS: gl.constexpr):
+    _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+            M, N, num_splits, tps, 1, H, BQ, BN, STAGES, CLEAN, BANKS)
+
+@_jit
+def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N, num_splits, tps,
+                       H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                       CLEAN: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr,
+                       LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Persistent: grid <= #SMs; program p walks work items (query block, split of tps key tiles) in
+    snake order, so one CTA per SM keeps its mbarrier rings, prefetches the next item's Q while the
+    math warpgroups finish the current one, and pays the prologue once."""
+    gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
+    NCOL: gl.constexpr = BQ * H
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NCOL, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both math warpgroups release the Q slot
+    gl.warp_specialize([
+        (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                    out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS)),
+        (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                    out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS)),
+        (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N,
+                     num_splits, tps, H, BQ, BN, STAGES)),
+    ], [4, 1], [MATH_REGS, LOADER_REGS])
+
+
 def _kernels() -> dict[str, Any]:
     """The kernels by name; raises when triton's Gluon did not import."""
     if _GLUON_IMPORT_ERROR is not None:
         raise RuntimeError(f"triton.experimental.gluon is unusable: {_GLUON_IMPORT_ERROR}")
-    return {"simple": _logits_kernel_simple, "ws": _logits_kernel_ws}
+    return {"simple": _logits_kernel_simple, "ws": _logits_kernel_ws, "pws": _logits_kernel_pws}
 
 
 
@@ -344,6 +537,11 @@ def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, An
         raise ValueError(f"BQ*H must be a multiple of 8 and <= 256 with BQ a power of two (BQ={bq}, H={H})")
     if bn != 64:
         raise ValueError(f"BN must be 64 (one warpgroup's wgmma M), got {bn}")
+    if cfg["persistent"]:
+        if not cfg["ws"] or cfg["relu_abs"]:
+            raise ValueError("the persistent kernel is warp specialised and has no relu_abs variant")
+        if cfg["banks"] not in (1, 2) or bq % cfg["banks"] or (bq * H // cfg["banks"]) % 8:
+            raise ValueError(f"banks must be 1 or 2 and divide BQ into wgmma N multiples of 8 (BQ={bq}, H={H})")
     return cfg
 
 
@@ -351,6 +549,10 @@ def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple
     """Which kernel and its constexpr / launch options for a resolved config."""
     common = dict(H=H, BQ=cfg["BQ"], BN=cfg["BN"], STAGES=cfg["STAGES"], CHUNK=cfg["CHUNK"],
                   CLEAN=bool(clean_logits), RELU_ABS=bool(cfg["relu_abs"]), num_warps=4)
+    if cfg["persistent"]:
+        del common["CHUNK"], common["RELU_ABS"]
+        common.update(BANKS=cfg["banks"], MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])
+        return "pws", common
     if cfg["ws"]:
         common.update(MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])
         if cfg["maxnreg"] is not None:
@@ -394,10 +596,25 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     w = weights.contiguous().float()
     ks_i = ks.contiguous().to(torch.int32)
     ke_i = ke.contiguous().to(torch.int32)
-    grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
     name, kw = kernel_launch_args(cfg, H, clean_logits)
+    if name == "pws":
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        splits, tps = persistent_split(M, N, bq, bn, sms * cfg["items_per_sm"])
+        grid = (min(sms, triton_cdiv(M, bq) * splits), )
+        _kernels()[name][grid](q_desc, k_desc, w, ksc, ks_i, ke_i, out, out.stride(0), M, N, splits, tps, **kw)
+        return out
+    grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
     _kernels()[name][grid](q_desc, k_desc, w, ksc, ks_i, ke_i, out, out.stride(0), M, N, **kw)
     return out
+
+
+def persistent_split(M: int, N: int, bq: int, bn: int, items: int) -> tuple[int, int]:
+    """(splits, tiles per split): each query block's key tiles cut into the fewest equal splits that give
+    at least ``items`` work items (long rows stay whole: one Q load per row, as in the Triton kernel)."""
+    n_tiles = triton_cdiv(N, bn)
+    splits = max(1, min(n_tiles, triton_cdiv(items, triton_cdiv(M, bq))))
+    tps = triton_cdiv(n_tiles, splits)
+    return triton_cdiv(n_tiles, tps), tps
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -435,6 +652,8 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
     sig = {"q_desc": desc([cfg["BQ"] * H, D], lay), "k_desc": desc([cfg["BN"], D], klay), "w_ptr": "*fp32",
            "ksc_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "out_stride": "i32",
            "M": "i32", "N": "i32"}
+    if name == "pws":
+        sig.update(num_splits="i32", tps="i32")
     options = {"num_warps": kw.pop("num_warps")}
     if "maxnreg" in kw:
         options["maxnreg"] = kw.pop("maxnreg")

@@ -311,7 +311,8 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     tiles_per_split = triton.cdiv(num_tiles, splits)
     splits = triton.cdiv(num_tiles, tiles_per_split)
     k_desc = _k_descriptor(k, cfg, arch) if cfg.tma else None
-    with _interpreting() if interpret else contextlib.nullcontext():
+    # Triton launches on the current device: make it q's.
+    with _interpreting() if interpret else torch.cuda.device(q.device):
         kernel(interpret)[(num_mb * splits,)](
             q, k, k_desc, k_scale, weights, ks, ke, out,
             m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0),
