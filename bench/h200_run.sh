@@ -5,7 +5,7 @@ set -u
 export PYTHONPATH=providers/gluon:providers/torch_ref:providers/flydsl:.${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-pip install --no-deps --no-build-isolation -q -e . -e providers/torch_ref -e providers/gluon >/dev/null 2>&1 \
+python -m pip install --no-deps --no-build-isolation -q -e . -e providers/torch_ref -e providers/gluon >/dev/null 2>&1 \
   || echo "editable install failed; using PYTHONPATH only"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -13,10 +13,10 @@ for job in "$@"; do
   name=${job%%:*}; limit=${job##*:}
   case $name in
     pytest) cmd="python -m pytest -q -m cuda tests -p no:cacheprovider" ;;
-    check) cmd="mqa check --device cuda" ;;
-    prefill) cmd="mqa bench --preset prefill --providers ${PROVIDERS:-gluon,triton,torch_ref} --baseline triton --json $OUT/prefill.jsonl --plot $OUT/prefill.png" ;;
-    prefill_noclean) cmd="mqa bench --preset prefill --no-clean --providers ${PROVIDERS:-gluon,triton} --baseline triton --json $OUT/prefill_noclean.jsonl" ;;
-    decode) cmd="mqa bench --preset decode --providers ${PROVIDERS:-gluon,torch_ref} --json $OUT/decode.jsonl --plot $OUT/decode.png" ;;
+    check) cmd="python -m mqa_core.cli.main check --device cuda" ;;
+    prefill) cmd="python -m mqa_core.cli.main bench --preset prefill --providers ${PROVIDERS:-gluon,triton,torch_ref} --baseline triton --json $OUT/prefill.jsonl --plot $OUT/prefill.png" ;;
+    prefill_noclean) cmd="python -m mqa_core.cli.main bench --preset prefill --no-clean --providers ${PROVIDERS:-gluon,triton} --baseline triton --json $OUT/prefill_noclean.jsonl" ;;
+    decode) cmd="python -m mqa_core.cli.main bench --preset decode --providers ${PROVIDERS:-gluon,torch_ref} --json $OUT/decode.jsonl --plot $OUT/decode.png" ;;
     *) cmd="python bench/h200_${name}.py" ;;
   esac
   echo "=== $name (limit ${limit}s): $cmd"

@@ -103,7 +103,13 @@ def test_bench_shape_json_plot_and_baseline(tmp_path: Path, capsys: pytest.Captu
                 "calc_diff", "verified_against", "input_sets"):
         assert key in row
     assert row["versions"]["torch"] == torch.__version__ and "torch_ref" in row["versions"]["providers"]
+    assert row["speedup"] == 1.0 and row["baseline"] == "torch_ref"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The table and the chart again from the saved rows, as after a run on a machine without matplotlib.
+    png.unlink()
+    assert main(["bench", "--from-json", str(out), "--plot", str(png)]) == 0
+    replay = capsys.readouterr().out
+    assert f"from {out}" in replay and "causal M=1 N=40 H=16 D=32" in replay and png.exists()
 
 
 def test_bench_flags_a_wrong_provider(wrong_scale: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,10 +121,17 @@ def test_bench_flags_a_wrong_provider(wrong_scale: Path, capsys: pytest.CaptureF
     assert "WRONG" in captured.out  # the table row says so instead of a time
 
 
-def test_bench_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert main(["bench", "--shape", "4,8,1,32", "--plot", "x.png"]) == 2
     assert "pip install 'mqa-core[plot]'" in capsys.readouterr().err
+    # With --json the rows are kept, so the run goes on and says how to draw the plot later.
+    rows = tmp_path / "rows.jsonl"
+    assert main(["bench", "--providers", "torch_ref", "--shape", "4,8,1,32", "--repeat", "1",
+                 "--plot", str(tmp_path / "x.png"), "--json", str(rows)]) == 0
+    assert f"mqa bench --from-json {rows} --plot" in capsys.readouterr().err
+    assert rows.exists() and not (tmp_path / "x.png").exists()
 
 
 def test_bench_unknown_provider(capsys: pytest.CaptureFixture[str]) -> None:

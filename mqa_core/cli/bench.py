@@ -47,7 +47,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--json", metavar="FILE", help="append one JSON line per provider x workload to FILE")
-    p.add_argument("--plot", metavar="FILE.png", help="draw TFLOP/s per workload and provider (needs matplotlib)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw TFLOP/s per workload and provider (needs matplotlib; without it and with "
+                        "--json, skipped with a warning)")
     p.add_argument("--from-json", metavar="FILE", dest="from_json",
                    help="run nothing: print the table (and --plot) from rows an earlier --json saved")
 
@@ -56,13 +58,21 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _check_plot(path: str | None) -> None:
-    if path:  # fail before minutes of benchmarking, not after
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UserError("--plot needs matplotlib: pip install 'mqa-core[plot]' "
-                            "(or pip install matplotlib)") from None
+def _plot_possible(args: argparse.Namespace) -> bool:
+    """Whether --plot can be drawn; without matplotlib, fail now rather than after the run, unless
+    --json keeps the rows (then warn: the plot can be drawn later with --from-json)."""
+    if not args.plot:
+        return False
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        hint = "pip install 'mqa-core[plot]' (or pip install matplotlib)"
+        if args.json and not args.from_json:
+            _progress(f"mqa bench: --plot skipped, matplotlib is not installed ({hint}); draw it later "
+                      f"with: mqa bench --from-json {args.json} --plot {args.plot}")
+            return False
+        raise UserError(f"--plot needs matplotlib: {hint}") from None
+    return True
 
 
 def _render(rows: list[dict[str, Any]], names: list[str], baseline: str | None, plot_path: str | None,
@@ -104,7 +114,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_plot(args.plot)
+    if not _plot_possible(args):
+        args.plot = None
     if args.from_json:
         return _replay(args)
 

@@ -95,6 +95,16 @@ def _message(report: Any) -> str:
     return lines[-1].strip() if lines else "failed"
 
 
+def _plugin_name() -> str:
+    """The kit's ``pytest11`` entry-point name: what ``-p`` loads when autoloading is off."""
+    import importlib.metadata as md
+
+    for ep in md.entry_points(group="pytest11"):
+        if ep.value == "mqa_core.testing.plugin":
+            return ep.name
+    return "mqa_core.testing.plugin"  # not installed as a distribution: import it by module name
+
+
 def _suite() -> str:
     found = importlib.util.find_spec("mqa_core.testing.conformance")
     if found is None or not found.origin:
@@ -121,7 +131,7 @@ def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbo
         if keyword:
             argv += ["-k", keyword]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-            argv += ["-p", "mqa_core"]  # the kit's entry-point name
+            argv += ["-p", _plugin_name()]
         sink = io.StringIO() if quiet else sys.stdout
         with contextlib.redirect_stdout(sink):
             code = pytest.main(argv, plugins=[outcomes])

@@ -31,6 +31,11 @@ def test_config_validation() -> None:
         g.resolve_config(64, {"BQ": 8})  # BQ*H = 512 > wgmma N
     with pytest.raises(ValueError):
         g.resolve_config(64, {"nope": 1})
+    with pytest.raises(ValueError):
+        g.resolve_config(64, {"persistent": True, "STAGES": 5})  # odd ring: unsafe parity waits
+    assert g.persistent_split(8192, 8192, 4, 64, 528) == (1, 128)
+    splits, tps = g.persistent_split(4096, 16384, 8, 64, 528)
+    assert splits * tps >= 256 and (splits - 1) * tps < 256 and 512 * splits >= 528
 
 
 # ----------------------------------------------------------------------------------- CPU: AOT for sm_90
@@ -55,13 +60,17 @@ def _sass(kernel) -> tuple[str, str]:
     (32, False, {}),
     (64, True, {"relu_abs": True}),
     (32, True, {"ws": False}),
+    (64, True, {"persistent": True}),
+    (32, True, {"persistent": True}),
+    (32, False, {"persistent": True, "banks": 1}),
 ])
 def test_aot_sm90_uses_fp8_wgmma_without_spills(H: int, clean: bool, config: dict) -> None:
     kernel = g.compile_sm90(H=H, D=D, clean_logits=clean, config=config)
     sass, res = _sass(kernel)
     qgmma = re.findall(r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3", sass)
-    bq = g.resolve_config(H, config)["BQ"]
-    assert qgmma and all(int(n) == bq * H for n in qgmma), "expected fp8 wgmma m64 n=BQ*H k32"
+    cfg = g.resolve_config(H, config)
+    n_mma = cfg["BQ"] * H // (cfg["banks"] if cfg["persistent"] else 1)
+    assert qgmma and all(int(n) == n_mma for n in qgmma), "expected fp8 wgmma m64 n=BQ*H/banks k32"
     assert not re.search(r"\b(LDL|STL)\b", sass), "register spills"
     assert "LOCAL:0" in res
     if config.get("ws", True):
@@ -95,7 +104,8 @@ def _windows(M: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
 @pytest.mark.cuda
 @pytest.mark.parametrize("M, N, H", [(1, 77, 64), (37, 77, 32), (130, 300, 64), (64, 1100, 32)])
 @pytest.mark.parametrize("clean", [True, False])
-@pytest.mark.parametrize("config", [{}, {"ws": False}, {"relu_abs": True, "CHUNK": 2}])
+@pytest.mark.parametrize("config", [{}, {"ws": False}, {"relu_abs": True, "CHUNK": 2}, {"persistent": True},
+                                    {"persistent": True, "banks": 1, "items_per_sm": 64}])
 def test_matches_reference(M: int, N: int, H: int, clean: bool, config: dict) -> None:
     reason = g.gluon_supported()
     if reason:

@@ -138,3 +138,13 @@ def test_amd_build_uses_fp8_mfma(arch, mfma):
         pytest.skip(f"no {arch} build here: {type(exc).__name__}: {exc}")
     ops = mfma_ops(asm)
     assert ops[mfma] > 0 and all("f8" in name or "fp8" in name for name in ops), ops
+
+
+def test_compiled_mode_kernel_keeps_its_constexpr_parameters():
+    # A rebuilt function loses __annotations__; triton.jit then treats every constexpr as a runtime
+    # value and the real (non-interpreted) compile fails. AOT compiles pass constexprs explicitly,
+    # so only this check catches it on a machine without a GPU.
+    from mqa_provider_gluon.ops.paged_mqa_logits_triton import _jitted
+
+    names = {p.name for p in _jitted(False).params if p.is_constexpr}
+    assert {"NEXT_N", "H", "D", "NG", "TILE", "CLEAN"} <= names

@@ -11,6 +11,10 @@ Kernels (both share one epilogue):
 - ``_logits_kernel_ws``: warp specialised; a 1-warp TMA loader partition and two 4-warp math partitions
   that take alternate key tiles, so one warpgroup's epilogue (relu, weight FMA, head sum, k_scale, store)
   runs while the other warpgroup's wgmma is in flight.
+- ``_logits_kernel_pws`` (``persistent=True``): the same partitions in a persistent grid (#SMs) walking
+  (query block, key split) items in snake order, Q double-buffered, k_scale loaded before the wgmma wait,
+  windows/weights hoisted per item, and (``banks=2``) each tile's wgmma issued as two async halves so the
+  first half's epilogue overlaps the second half's MMA.
 
 Work split: the grid is (key chunk, query block); a CTA handles CHUNK key tiles of one query block and
 exits early when the chunk misses every window of the block, so the hardware block scheduler balances
@@ -43,6 +47,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "persistent": False,  # persistent warp-specialised kernel (grid = #SMs; ws must be True)
     "banks": 2,  # persistent only: the tile's wgmma as 2 async halves (queries split) or 1
     "items_per_sm": 4,  # persistent only: split key ranges until there are this many items per SM
+    "p_math_regs": 248,  # persistent only: registers of each math partition (232 spills at H=32)
+    "p_loader_regs": 24,  # persistent only: registers of the loader warp
 }
 
 
@@ -410,6 +416,20 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
     for r in range(gl.cdiv(total, G)):
         ok, m0, c0, c1 = _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ)
         if ok:
+            # per item, issued together so their latencies overlap: windows, weights, row pointers
+            offs_a = m0 + gl.arange(0, QH, layout=gl.SliceLayout(0, olay))
+            mrow_a = gl.expand_dims(offs_a < M, 0)
+            rows_a = out_ptr + gl.expand_dims(offs_a.to(gl.int64) * out_stride, 0)
+            ks_a = gl.expand_dims(gl.load(ks_ptr + offs_a, mask=offs_a < M, other=0), 0)
+            ke_a = gl.expand_dims(gl.load(ke_ptr + offs_a, mask=offs_a < M, other=0), 0)
+            w_a = _load_weights(w_ptr, m0, M, H, QH, False, mlay)
+            if BANKS == 2:
+                offs_b = offs_a + QH
+                mrow_b = gl.expand_dims(offs_b < M, 0)
+                rows_b = out_ptr + gl.expand_dims(offs_b.to(gl.int64) * out_stride, 0)
+                ks_b = gl.expand_dims(gl.load(ks_ptr + offs_b, mask=offs_b < M, other=0), 0)
+                ke_b = gl.expand_dims(gl.load(ke_ptr + offs_b, mask=offs_b < M, other=0), 0)
+                w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
             t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 4)
             if CLEAN:  # the -inf fill of tiles outside every window: WG 0 before, WG 1 after
                 if WG == 0:
@@ -417,20 +437,6 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
                 else:
                     _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, 4)
             if t1 > t0:
-                # per item: weights, windows and row pointers of each bank, in registers
-                offs_a = m0 + gl.arange(0, QH, layout=gl.SliceLayout(0, olay))
-                mrow_a = gl.expand_dims(offs_a < M, 0)
-                rows_a = out_ptr + gl.expand_dims(offs_a.to(gl.int64) * out_stride, 0)
-                ks_a = gl.expand_dims(gl.load(ks_ptr + offs_a, mask=offs_a < M, other=0), 0)
-                ke_a = gl.expand_dims(gl.load(ke_ptr + offs_a, mask=offs_a < M, other=0), 0)
-                w_a = _load_weights(w_ptr, m0, M, H, QH, False, mlay)
-                if BANKS == 2:
-                    offs_b = offs_a + QH
-                    mrow_b = gl.expand_dims(offs_b < M, 0)
-                    rows_b = out_ptr + gl.expand_dims(offs_b.to(gl.int64) * out_stride, 0)
-                    ks_b = gl.expand_dims(gl.load(ks_ptr + offs_b, mask=offs_b < M, other=0), 0)
-                    ke_b = gl.expand_dims(gl.load(ke_ptr + offs_b, mask=offs_b < M, other=0), 0)
-                    w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
                 qs = q_use % 2
                 mbarrier.wait(q_ready.index(qs), (q_use // 2) & 1)
                 q_all = q_smem.index(qs)
@@ -542,6 +548,10 @@ def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, An
             raise ValueError("the persistent kernel is warp specialised and has no relu_abs variant")
         if cfg["banks"] not in (1, 2) or bq % cfg["banks"] or (bq * H // cfg["banks"]) % 8:
             raise ValueError(f"banks must be 1 or 2 and divide BQ into wgmma N multiples of 8 (BQ={bq}, H={H})")
+        if cfg["STAGES"] % 2:
+            # the two math warpgroups alternate tiles: an even ring keeps each slot with one warpgroup,
+            # which is what makes the single-parity ready-barrier wait safe
+            raise ValueError(f"the persistent kernel needs an even STAGES, got {cfg['STAGES']}")
     return cfg
 
 
@@ -551,7 +561,7 @@ def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple
                   CLEAN=bool(clean_logits), RELU_ABS=bool(cfg["relu_abs"]), num_warps=4)
     if cfg["persistent"]:
         del common["CHUNK"], common["RELU_ABS"]
-        common.update(BANKS=cfg["banks"], MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])
+        common.update(BANKS=cfg["banks"], MATH_REGS=cfg["p_math_regs"], LOADER_REGS=cfg["p_loader_regs"])
         return "pws", common
     if cfg["ws"]:
         common.update(MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])

@@ -187,6 +187,9 @@ def _jitted(interpret: bool) -> Any:
         scope.update({f.__name__: triton.jit(f) for f in (_block_ids, _scales)})
         fn = types.FunctionType(_paged_kernel.__code__, scope, _paged_kernel.__name__,
                                 _paged_kernel.__defaults__)
+        # triton.jit reads constexpr parameters off the annotations, which FunctionType drops.
+        fn.__annotations__ = dict(_paged_kernel.__annotations__)
+        fn.__module__, fn.__qualname__ = _paged_kernel.__module__, _paged_kernel.__qualname__
         # Sizes and split counts vary per call: specialising on them would compile variants
         # for no gain. block_bytes and the strides keep their 16-divisibility hints.
         return triton.jit(fn, do_not_specialize=["max_ctx", "covered", "num_splits", "tiles_per_split"])
