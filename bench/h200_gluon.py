@@ -22,18 +22,19 @@ import time
 import traceback
 
 CONFIGS: dict[str, dict] = {  # most informative first: the run stops starting configs near its time budget
-    "p": {"persistent": True},  # persistent, Q double-buffered, wgmma in 2 async banks
-    "p_b1": {"persistent": True, "banks": 1},  # same, one wgmma per tile (isolates the bank split)
+    "p": {"persistent": True, "STAGES": 6},  # persistent, Q double-buffered, wgmma in 2 async banks
+    "p_b1": {"persistent": True, "STAGES": 6, "banks": 1},  # same, one wgmma per tile (isolates the bank split)
     "p_s8": {"persistent": True, "STAGES": 8},
-    "p_ips1": {"persistent": True, "items_per_sm": 1},  # fewer key splits: fewer Q loads, coarser balance
-    "ws_c32_s8": {"CHUNK": 32, "STAGES": 8},  # round-1 best
-    "ws": {},  # round-1 default
-    "simple": {"ws": False},
+    "p_ips1": {"persistent": True, "STAGES": 6, "items_per_sm": 1},
+    "p_s8_ips1": {"persistent": True, "STAGES": 8, "items_per_sm": 1},  # fewer key splits: fewer Q loads, coarser balance
+    "ws_c32_s8": {"persistent": False, "CHUNK": 32, "STAGES": 8},  # round-1 best
+    "ws": {"persistent": False, "STAGES": 6},  # round-1 default
+    "simple": {"persistent": False, "STAGES": 6, "ws": False},
     # dropped from the default list after round 1 (clearly slower): ws_abs, ws_c8
-    "ws_abs": {"relu_abs": True},
-    "ws_c8": {"CHUNK": 8},
+    "ws_abs": {"persistent": False, "STAGES": 6, "relu_abs": True},
+    "ws_c8": {"persistent": False, "STAGES": 6, "CHUNK": 8},
 }
-DEFAULT_RUN = ["p", "p_b1", "p_s8", "p_ips1", "ws_c32_s8", "ws", "simple"]
+DEFAULT_RUN = ["p_s8", "p_s8_ips1", "p", "p_ips1", "ws_c32_s8", "simple"]
 D = 128
 BENCH_SHAPES = [  # (label, M, N, ke offset): ks = 0, ke[m] = offset + m + 1
     ("4k x 16k", 4096, 16384, 16384 - 4096),

@@ -78,14 +78,14 @@ def test_wrong_providers_fail_and_torch_ref_passes(pytester: pytest.Pytester,
     install_wrong_providers(pytester.path, monkeypatch)
     names = ("torch_ref", "wrong_scale", "wrong_edge", "wrong_relu")
     args = [a for n in names for a in ("--mqa-provider", n)]
-    # A subset keeps this fast; `mqa check` and the example's test run the whole kit.
+    # The whole kit for torch_ref; for the wrong ones a subset that must catch each bug.
     result = pytester.runpytest_subprocess(*args, "-v", "-p", "no:cacheprovider", "--tb=short",
-                                           "-k", "prefill_window and (causal or edges) or selection")
+                                           "-k", "torch_ref or prefill_window and (causal or edges) or selection")
     out = result.stdout.str()
     per: dict[str, dict[str, int]] = {n: {"PASSED": 0, "FAILED": 0} for n in names}
     for name, status in re.findall(r"::test_\w+\[([a-z_]+)[-\]][^ ]* (PASSED|FAILED)", out):
         per[name][status] += 1
-    assert per["torch_ref"] == {"PASSED": 5, "FAILED": 0}, out
+    assert per["torch_ref"]["FAILED"] == 0 and per["torch_ref"]["PASSED"] >= 50, out
     for name in names[1:]:
         assert per[name]["FAILED"] >= 2, (name, out)
         assert per[name]["PASSED"] >= 1, (name, out)  # selection works; only the numbers are wrong

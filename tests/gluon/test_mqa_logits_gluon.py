@@ -58,8 +58,9 @@ def _sass(kernel) -> tuple[str, str]:
 @pytest.mark.parametrize("H, clean, config", [
     (64, True, {}),
     (32, False, {}),
-    (64, True, {"relu_abs": True}),
-    (32, True, {"ws": False}),
+    (64, True, {"persistent": False, "relu_abs": True}),
+    (32, True, {"persistent": False, "ws": False}),
+    (64, True, {"persistent": False}),
     (64, True, {"persistent": True}),
     (32, True, {"persistent": True}),
     (32, False, {"persistent": True, "banks": 1}),
@@ -104,7 +105,8 @@ def _windows(M: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
 @pytest.mark.cuda
 @pytest.mark.parametrize("M, N, H", [(1, 77, 64), (37, 77, 32), (130, 300, 64), (64, 1100, 32)])
 @pytest.mark.parametrize("clean", [True, False])
-@pytest.mark.parametrize("config", [{}, {"ws": False}, {"relu_abs": True, "CHUNK": 2}, {"persistent": True},
+@pytest.mark.parametrize("config", [{}, {"persistent": False, "ws": False},
+                                    {"persistent": False, "relu_abs": True, "CHUNK": 2}, {"persistent": False},
                                     {"persistent": True, "banks": 1, "items_per_sm": 64}])
 def test_matches_reference(M: int, N: int, H: int, clean: bool, config: dict) -> None:
     reason = g.gluon_supported()

@@ -37,14 +37,16 @@ SUPPORTED_TRITON = "3.6"  # the Gluon API this file was written against (it chan
 DEFAULT_CONFIG: dict[str, Any] = {
     "BN": 64,  # keys per tile (wgmma M; 64 = one warpgroup)
     "BQ": None,  # queries per block; None -> 256 // H (wgmma N = BQ*H <= 256)
-    "STAGES": 6,  # depth of the K shared-memory ring
+    "STAGES": 8,  # depth of the K shared-memory ring (8 measured best with the persistent kernel)
     "CHUNK": 16,  # key tiles per CTA
     "ws": True,  # warp-specialised kernel (loader + 2 math warpgroups)
     "relu_abs": False,  # relu(x)*w as (x+|x|)*(w/2): two FFMA instead of FMNMX+FFMA
     "math_regs": 232,  # registers per thread of the second math partition (ws only)
     "loader_regs": 40,  # registers per thread of the loader partition (ws only)
     "maxnreg": None,  # kernel-wide register cap (ws only; the default partition gets what is left)
-    "persistent": False,  # persistent warp-specialised kernel (grid = #SMs; ws must be True)
+    # persistent warp-specialised kernel (grid = #SMs; ws must be True): the fastest measured on the
+    # H200 (bench/notes_gluon.md, 2026-12-02: 850-968 TF/s against 759-838 for the best non-persistent)
+    "persistent": True,
     "banks": 2,  # persistent only: the tile's wgmma as 2 async halves (queries split) or 1
     "items_per_sm": 4,  # persistent only: split key ranges until there are this many items per SM
     "p_math_regs": 248,  # persistent only: registers of each math partition (232 spills at H=32)
