@@ -13,7 +13,7 @@ for job in "$@"; do
   name=${job%%:*}; limit=${job##*:}
   case $name in
     pytest) cmd="python -m pytest -q -m cuda tests -p no:cacheprovider" ;;
-    check) cmd="python -m mqa_core.cli.main check --device cuda" ;;
+    check) cmd="python -m mqa_core.cli.main check --device cuda ${CHECK_ARGS:-}" ;;
     prefill) cmd="python -m mqa_core.cli.main bench --preset prefill --providers ${PROVIDERS:-gluon,triton,torch_ref} --baseline triton --json $OUT/prefill.jsonl --plot $OUT/prefill.png" ;;
     prefill_noclean) cmd="python -m mqa_core.cli.main bench --preset prefill --no-clean --providers ${PROVIDERS:-gluon,triton} --baseline triton --json $OUT/prefill_noclean.jsonl" ;;
     decode) cmd="python -m mqa_core.cli.main bench --preset decode --providers ${PROVIDERS:-gluon,torch_ref} --json $OUT/decode.jsonl --plot $OUT/decode.png" ;;
