@@ -70,6 +70,28 @@ def torch_ref_vs_matmul(m: int = 2048, n: int = 8192, h: int = 64, d: int = 128)
             "ratio": t_ref / t_mm, "threads": torch.get_num_threads()}
 
 
+PEAK = """
+import json, torch, mqa_core
+from mqa_core import Problem
+from mqa_core.testing import make_inputs
+def kib(field):
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(field))
+inp = make_inputs(Problem(512, 65536, 64, 128), window="causal", seed=0)
+base = kib("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+out = mqa_core.fp8_mqa_logits(*inp.args())
+peak = kib("VmHWM:")
+print(json.dumps({"growth_mib": (peak - base) / 1024, "output_mib": out.numel() * 4 / 2**20,
+                  "materialised_mib": 512 * 64 * 65536 * 4 / 2**20}))
+"""
+
+
+def torch_ref_peak_memory() -> dict[str, float]:
+    """Peak RSS growth of one torch_ref call at M=512, N=65536, H=64 with the default 512 MiB bound."""
+    res = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write results here")
@@ -84,6 +106,7 @@ def main() -> None:
     res["warm_ns"] = warm_get_provider()
     res["cold_import_and_discovery_ms"] = cold_import_ms()
     res["torch_ref"] = torch_ref_vs_matmul()
+    res["torch_ref_peak"] = torch_ref_peak_memory()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
@@ -97,6 +120,10 @@ def main() -> None:
     print(f"torch_ref {r['shape']}: {r['torch_ref_ms']:.0f} ms ({r['torch_ref_gflops']:.0f} GFLOP/s), bare fp32 "
           f"matmul of the same valid FLOPs {r['matmul_ms']:.0f} ms ({r['matmul_gflops']:.0f} GFLOP/s): "
           f"ratio {r['ratio']:.2f}x")
+    p = res["torch_ref_peak"]
+    print(f"torch_ref M=512,N=65536,H=64,D=128 causal: peak RSS growth {p['growth_mib']:.0f} MiB = output "
+          f"{p['output_mib']:.0f} MiB + temporaries (bound 512 MiB); an [H, M, N] fp32 product would be "
+          f"{p['materialised_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -63,22 +63,25 @@ def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", w
     ``logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n])`` for
     ``max(ks[m], 0) <= n < min(ke[m], N)``, ``-inf`` elsewhere when ``clean_logits``.
     """
-    problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+    full = registry.state().settings.validate_full
+    problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, full=full)
     provider = registry.provider_for(arch_of_device(q.device), "fp8_mqa_logits",
                                      validate.dtype_name(q.dtype), problem)
-    return provider.fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits=clean_logits)
+    # Selection matched the provider to q's arch, dtype and shape: validating again would only cost.
+    return provider.impl.fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits=clean_logits)
 
 
 def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
                          context_lens: "torch.Tensor", block_tables: "torch.Tensor",
                          max_context_len: int, *, clean_logits: bool = True) -> "torch.Tensor":
     """The decode variant over a paged fp8 cache; see the docs for the block layout."""
+    full = registry.state().settings.validate_full
     problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
-                                             max_context_len, clean_logits)
+                                             max_context_len, clean_logits, full=full)
     provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits",
                                      validate.dtype_name(q.dtype), problem)
-    return provider.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                         max_context_len, clean_logits=clean_logits)
+    return provider.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
+                                              max_context_len, clean_logits=clean_logits)
 
 
 def reload() -> None:

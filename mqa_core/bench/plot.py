@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .report import tflops_text
+
 
 class PlotUnavailable(RuntimeError):
     pass
@@ -31,7 +33,7 @@ def plot(rows: list[dict[str, Any]], workloads: Sequence[tuple[str, str]], provi
         ys = [value.get((name, w), 0.0) for w, _ in workloads]
         bars = ax.bar(xs, ys, width * 0.95, label=name)
         for bar, y in zip(bars, ys):
-            ax.annotate(f"{y:.3g}" if y else "n/a", (bar.get_x() + bar.get_width() / 2, y),
+            ax.annotate(tflops_text(y) if y else "n/a", (bar.get_x() + bar.get_width() / 2, y),
                         xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                         fontsize=7, rotation=90 if k > 3 else 0)
     ax.set_xticks(range(n), [label for _, label in workloads], fontsize=8)

@@ -97,6 +97,11 @@ def summary(rows: list[dict[str, Any]], providers: Sequence[str]) -> dict[str, d
     return out
 
 
+def tflops_text(v: float) -> str:
+    """Three significant digits without scientific notation: 1072, 96.3, 0.0412."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
     return "-" if v is None else f"{v:{spec}}{suffix}"
 
@@ -111,7 +116,7 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | 
             cells = [r["provider"], r["workload"], r["status"].upper(), r.get("reason", "")[:60], "", ""]
         else:
             cells = [r["provider"], r["workload"], f"{r['ms_median']:.3f}",
-                     f"{r['ms_p10']:.3f}-{r['ms_p90']:.3f}", f"{r['tflops']:.3g}",
+                     f"{r['ms_p10']:.3f}-{r['ms_p90']:.3f}", tflops_text(r["tflops"]),
                      _fmt(r["pct_peak"], ".1f", "%")]
         if baseline:
             cells.append(_fmt(r.get("speedup"), ".2f", "x") if r["status"] == "ok" else "")
@@ -120,7 +125,7 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | 
     for name in providers:
         s = summ[name]
         cells = [name, f"geomean over {s['workloads']} workload{'s' * (s['workloads'] != 1)}", "", "",
-                 _fmt(s["tflops_geomean"], ".3g"), ""]
+                 tflops_text(s["tflops_geomean"]) if s["tflops_geomean"] is not None else "-", ""]
         if baseline:
             cells.append(_fmt(s["speedup_geomean"], ".2f", "x"))
         lines.append(cells)

@@ -11,6 +11,7 @@ from ..errors import ProviderUnavailableError
 from ..provider import Provider
 from ..select import shape_reason
 from ..testing.providers import provider_named
+from .report import tflops_text
 from .timing import sync, time_calls
 from .verify import Verdict, compare
 from .workloads import Workload, input_sets
@@ -86,7 +87,7 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
                        ms_min=s["min"], ms_mean=s["mean"], tflops=tflops,
                        pct_peak=None if peak is None else 100 * tflops / peak)
             progress(f"{tag} {name}: ok (calc_diff {verdict.calc_diff:.1e} vs {against}), "
-                     f"{s['median']:.3f} ms, {tflops:.3g} TFLOP/s")
+                     f"{s['median']:.3f} ms, {tflops_text(tflops)} TFLOP/s")
         del sets, ref_out
         if device.type == "cuda":
             torch.cuda.empty_cache()
