@@ -13,7 +13,7 @@ demo:
 
 test:
 	$(PIP) $(TORCH) triton==3.6.0 pytest matplotlib ruff mypy -e . $(PROVIDERS) -e examples/third_party_provider
-	ruff check mqa_core providers tests examples
+	ruff check mqa_core providers tests examples bench
 	mypy
 	python -m pytest -q
 	$(MAKE) test-triton-latest

@@ -26,7 +26,8 @@ CONFIGS: dict[str, dict] = {  # most informative first: the run stops starting c
     "p_b1": {"persistent": True, "STAGES": 6, "banks": 1},  # same, one wgmma per tile (isolates the bank split)
     "p_s8": {"persistent": True, "STAGES": 8},
     "p_ips1": {"persistent": True, "STAGES": 6, "items_per_sm": 1},
-    "p_s8_ips1": {"persistent": True, "STAGES": 8, "items_per_sm": 1},  # fewer key splits: fewer Q loads, coarser balance
+    # fewer key splits: fewer Q loads, coarser balance
+    "p_s8_ips1": {"persistent": True, "STAGES": 8, "items_per_sm": 1},
     "ws_c32_s8": {"persistent": False, "CHUNK": 32, "STAGES": 8},  # round-1 best
     "ws": {"persistent": False, "STAGES": 6},  # round-1 default
     "simple": {"persistent": False, "STAGES": 6, "ws": False},

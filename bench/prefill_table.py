@@ -34,7 +34,8 @@ def torch_ref_ms() -> dict[tuple, float]:
 
 def main() -> None:
     clean, noclean = rows("2026-12-02-h200-prefill-clean.jsonl"), rows("2026-12-02-h200-prefill-noclean.jsonl")
-    smm = {(r["workload"], r["clean"]): r for r in json.loads((R / "2026-12-02-h200-scaled-mm.json").read_text())["rows"]}
+    smm_rows = json.loads((R / "2026-12-02-h200-scaled-mm.json").read_text())["rows"]
+    smm = {(r["workload"], r["clean"]): r for r in smm_rows}
     ref = torch_ref_ms()
     first = next(iter(clean.values()))
     print(f"# fp8 MQA logits prefill on the H200, {first['date'][:10]}\n")
