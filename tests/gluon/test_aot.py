@@ -63,6 +63,13 @@ def test_sm90_uses_fp8_wgmma_without_spills(h):
     assert 0 < facts.registers <= 168, facts  # room for three programs per SM
 
 
+@pytest.mark.parametrize("h", [32, 64])
+def test_sm100_uses_fp8_tcgen05_mma(h):
+    # The spec claims sm_100 for the Triton path: the build must use Blackwell's fp8 tensor-core MMA.
+    ptx = build("sm_100", h)["ptx"]
+    assert "tcgen05.mma.cta_group::1.kind::f8f6f4" in ptx
+
+
 def test_unknown_target():
     with pytest.raises(ValueError):
         aot.compile_for("gfx1100")

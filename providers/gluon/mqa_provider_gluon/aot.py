@@ -32,6 +32,7 @@ TARGETS = {
     "gfx942": GPUTarget("hip", "gfx942", 64),
     "gfx950": GPUTarget("hip", "gfx950", 64),
     "sm_90": GPUTarget("cuda", 90, 32),
+    "sm_100": GPUTarget("cuda", 100, 32),
 }
 
 _ALIGNED = ("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "out_ptr",
