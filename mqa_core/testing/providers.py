@@ -20,25 +20,25 @@ from ..spec import OPS, Problem, ProviderSpec
 _lock = threading.RLock()
 
 
+def _apply(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Set (or, with None, unset) ``MQA_*`` variables and reload; restore and reload afterwards."""
     with _lock:
         saved = {k: os.environ.get(k) for k in values}
         try:
-            for k, v in values.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _apply(values)
             api.reload()
             yield
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _apply(saved)
             api.reload()
 
 
