@@ -340,8 +340,19 @@ def half_out_layout(BN, QH, num_warps):
     return gl.BlockedLayout([max(1, BN // (32 * wn)), 1], [32, 1], [wn, wq], [0, 1])
 
 @_jit
-def _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ: gl.constexpr):
-    """Work item of round r for this program: snake order over (query block heaviest first, split)."""
+def _p_rounds(M, num_splits, BQ: gl.constexpr):
+    """How many work items each program of the persistent grid takes (the last round may be partial)."""
+    return gl.cdiv(gl.cdiv(M, BQ) * num_splits, gl.num_programs(0))
+
+@_jit
+def _p_item(r, M, N, num_splits, tps, BQ: gl.constexpr, BN: gl.constexpr):
+    """Work item of round r for this program: snake order over (query block heaviest first, split).
+
+    The loader and both math partitions call this with the same arguments, so they walk the same items."""
+    G = gl.num_programs(0)
+    num_mb = gl.cdiv(M, BQ)
+    n_tiles = gl.cdiv(N, BN)
+    total = num_mb * num_splits
     p = gl.program_id(0)
     idx = r * G + gl.where(r % 2 == 0, p, G - 1 - p)
     mb = num_mb - 1 - idx // num_splits
@@ -360,14 +371,10 @@ def _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ: gl.constexpr, BN: gl.constexp
 @_jit
 def _p_loader(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N, num_splits,
               tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    G = gl.num_programs(0)
-    num_mb = gl.cdiv(M, BQ)
-    n_tiles = gl.cdiv(N, BN)
-    total = num_mb * num_splits
     g = 0
     q_use = 0
-    for r in range(gl.cdiv(total, G)):
-        ok, m0, c0, c1 = _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ)
+    for r in range(_p_rounds(M, num_splits, BQ)):
+        ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
         if ok:
             t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 1)
             if t1 > t0:
@@ -409,14 +416,10 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
     NH: gl.constexpr = QH * H
     mlay: gl.constexpr = mma_layout(BN, NH, 4)
     olay: gl.constexpr = half_out_layout(BN, QH, 4)
-    G = gl.num_programs(0)
-    num_mb = gl.cdiv(M, BQ)
-    n_tiles = gl.cdiv(N, BN)
-    total = num_mb * num_splits
     g = 0
     q_use = 0
-    for r in range(gl.cdiv(total, G)):
-        ok, m0, c0, c1 = _p_item(r, G, total, num_mb, num_splits, tps, n_tiles, BQ)
+    for r in range(_p_rounds(M, num_splits, BQ)):
+        ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
         if ok:
             # per item, issued together so their latencies overlap: windows, weights, row pointers
             offs_a = m0 + gl.arange(0, QH, layout=gl.SliceLayout(0, olay))
