@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .report import tflops_text
+from .report import tflops_text, timed
 
 
 class PlotUnavailable(RuntimeError):
@@ -23,7 +23,7 @@ def plot(rows: list[dict[str, Any]], workloads: Sequence[tuple[str, str]], provi
     except ImportError as exc:
         raise PlotUnavailable("--plot needs matplotlib: pip install 'mqa-core[plot]' "
                               f"(or pip install matplotlib); {exc}") from exc
-    value = {(r["provider"], r["workload"]): r["tflops"] for r in rows if r["status"] == "ok"}
+    value = {(r["provider"], r["workload"]): r["tflops"] for r in timed(rows) if r["status"] == "ok"}
     n, k = len(workloads), max(1, len(providers))
     width = 0.8 / k
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * n * max(1.0, k / 2) + 2), 4.8), layout="constrained")

@@ -12,7 +12,7 @@ from ..provider import Provider
 from ..select import shape_reason
 from ..testing.providers import provider_named
 from .report import tflops_text
-from .timing import sync, time_calls
+from .timing import graph_time, sync, time_calls
 from .verify import Verdict, compare
 from .workloads import Workload, input_sets
 
@@ -34,9 +34,13 @@ def reference(w: Workload, x: Any, providers: Mapping[tuple[str, str], Provider]
 def run_workloads(work: Sequence[Workload], names: Sequence[str],
                   providers: Mapping[tuple[str, str], Provider], device: torch.device, arch: str, *,
                   warmup: int, repeat: int, seed: int = 0, peak: float | None = None,
-                  common: Mapping[str, Any] | None = None,
+                  common: Mapping[str, Any] | None = None, graph: bool = False,
                   progress: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
-    """One row per (workload, provider): status ok (timed), wrong, error or skipped, with the reason."""
+    """One row per (workload, provider): status ok (timed), wrong, error or skipped, with the reason.
+
+    With ``graph`` (CUDA only), each correct provider is also timed replaying a CUDA graph of its
+    calls (``graph_ms``: the device's time alone) besides the per-call events (``ms_median``).
+    """
     rows: list[dict[str, Any]] = []
     for i, w in enumerate(work, 1):
         tag = f"[{i}/{len(work)}] {w.name}"
@@ -46,9 +50,10 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
         against = ""
         for name in names:
             row: dict[str, Any] = {
-                "provider": name, "workload": w.name, "label": w.label, "op": w.op, "kind": w.kind, "m": w.problem.m,
-                "n": w.problem.n, "h": w.problem.h, "d": w.problem.d, "batch": w.batch or None,
-                "next_n": w.next_n or None, "clean": w.clean, "valid_pairs": pairs, "flops": flops,
+                "record": "time", "provider": name, "workload": w.name, "label": w.label, "op": w.op,
+                "kind": w.kind, "m": w.problem.m, "n": w.problem.n, "h": w.problem.h, "d": w.problem.d,
+                "batch": w.batch or None, "next_n": w.next_n or None, "requests": len(w.requests) or None,
+                "window": w.window or None, "clean": w.clean, "valid_pairs": pairs, "flops": flops,
                 "repeat": repeat, "warmup": warmup, "input_sets": len(sets), **(common or {})}
             rows.append(row)
             provider = providers.get((name, w.op))
@@ -86,8 +91,16 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
             row.update(status="ok", ms_median=s["median"], ms_p10=s["p10"], ms_p90=s["p90"],
                        ms_min=s["min"], ms_mean=s["mean"], tflops=tflops,
                        pct_peak=None if peak is None else 100 * tflops / peak)
+            extra = ""
+            if graph and device.type == "cuda":
+                g, note = graph_time(call, sets, device)
+                if g is None:
+                    row.update(graph_ms=None, graph_note=note)
+                else:
+                    row.update(graph_ms=g.median, graph_tflops=flops / (g.median * 1e-3) / 1e12)
+                    extra = f", graph replay {g.median:.3f} ms"
             progress(f"{tag} {name}: ok (calc_diff {verdict.calc_diff:.1e} vs {against}), "
-                     f"{s['median']:.3f} ms, {tflops_text(tflops)} TFLOP/s")
+                     f"{s['median']:.3f} ms, {tflops_text(tflops)} TFLOP/s{extra}")
         del sets, ref_out
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -64,3 +64,53 @@ def time_calls(call: Callable[[Any], Any], inputs: Sequence[Any], device: torch.
         sync(device)
         samples.append((time.perf_counter() - t0) * 1e3)
     return Timing(tuple(samples))
+
+
+def host_syncs(call: Callable[[], Any]) -> str:
+    """Why ``call`` cannot be captured in a CUDA graph because it waits for the device (``.item()``,
+    ``.tolist()``, a copy to the host), or "" when it does not. Run under torch's sync debug mode,
+    outside any capture: a failed capture would leave the stream in a bad state."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+    except RuntimeError as exc:
+        return f"it synchronises with the host ({str(exc).splitlines()[0][:120]})"
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return ""
+
+
+def graph_time(call: Callable[[Any], Any], inputs: Sequence[Any], device: torch.device, *,
+               replays: int = 10, min_calls: int = 16) -> tuple[Timing | None, str]:
+    """Milliseconds per call replaying a CUDA graph of calls over the input sets: the device's time
+    alone, no Python and no launch gaps (how engines run small calls). Returns (None, why) where a
+    graph cannot be used: not CUDA, or the call synchronises with the host."""
+    if device.type != "cuda":
+        return None, f"no CUDA graphs on {device.type}"
+    why = host_syncs(lambda: call(inputs[0]))
+    if why:
+        return None, f"not captured in a CUDA graph: {why}"
+    calls = len(inputs) * max(1, -(-min_calls // len(inputs)))
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm up on a side stream, as capture asks
+        for x in inputs:
+            call(x)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(inputs[i % len(inputs)])  # each output is dropped: the graph's pool reuses it
+    graph.replay()
+    torch.cuda.synchronize(device)
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / calls)
+    del graph
+    return Timing(tuple(samples)), ""

@@ -20,11 +20,18 @@ EPILOG = """presets:
   prefill  H=32,64 D=128: the last 4k of 16k tokens causal, 8k causal, the last 16k of 48k
            (ks=0, ke=32768+m+1), and 4k x 16k with full windows
   decode   paged: batch 1/32/128 x context 1k/8k/32k x next_n 1/2, H=32,64, D=128
+  engine   what engines send in prefill, D=128, H=64 (DeepSeek-V3.2) and 32 (GLM-5): small chunks
+           (128x2k .. 1kx8k), a 1k-token prompt, packed batches of 8 and 32 prompts and of 4
+           requests with cached prefixes (each row sees only its request's keys), the last chunk of
+           long prompts (256x64k, 4kx32k, 1kx128k), sliding windows (W=2048, 512), 8kx8k and 4kx16k;
+           then the host's us per call (API, Provider, kernel object) on 128x2k, H=64. On a GPU also
+           CUDA-graph replay (the device's time alone). On a CPU, add --scale 64.
 
 examples:
   mqa bench                                   # quick preset, every provider usable here
   mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
-  mqa bench --providers gluon,triton --shape 4096,16384,64,128"""
+  mqa bench --providers gluon,triton --shape 4096,16384,64,128
+  mqa bench --preset engine --providers torch_ref --scale 64   # the engine preset, CPU-sized"""
 
 
 def add_parser(sub: Any) -> None:
@@ -34,8 +41,20 @@ def add_parser(sub: Any) -> None:
                                    "computes a wrong result or crashes.",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--providers", metavar="A,B", help="providers to compare (default: all usable here)")
-    p.add_argument("--preset", choices=("quick", "prefill", "decode"),
+    p.add_argument("--preset", choices=("quick", "prefill", "decode", "engine"),
                    help="the workloads (default: quick, unless --shape is given)")
+    p.add_argument("--scale", type=int, default=1, metavar="F",
+                   help="divide every token count of the preset (M, N, request lengths, windows, "
+                        "contexts; the host-cost shape too) by F, rounded up: the same structure at a "
+                        "size a CPU runs in seconds (default: 1)")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="also time each provider replaying a CUDA graph of its calls (GPU only; "
+                        "default: on for the engine preset)")
+    p.add_argument("--host-cost", action=argparse.BooleanOptionalAction, default=None, dest="host_cost",
+                   help="measure host us per call (API, Provider, kernel object) on 128x2k H=64 "
+                        "(default: on for the engine preset)")
+    p.add_argument("--host-calls", type=int, default=None, metavar="N", dest="host_calls",
+                   help="calls back to back per host-cost round (default: 200 on GPU, 20 on CPU)")
     p.add_argument("--shape", action="append", default=[], type=Problem.parse, metavar="M,N,H,D",
                    help="a causal prefill workload (repeatable; added to --preset)")
     p.add_argument("--clean", action=argparse.BooleanOptionalAction, default=True,
@@ -82,8 +101,12 @@ def _render(rows: list[dict[str, Any]], names: list[str], baseline: str | None, 
 
     report.add_speedups(rows, baseline)
     print(report.table(rows, names, baseline))
+    if report.host(rows):
+        print()
+        print(report.host_table(rows))
     if plot_path:
-        workloads = list(dict.fromkeys((r["workload"], r.get("label") or r["workload"]) for r in rows))
+        workloads = list(dict.fromkeys((r["workload"], r.get("label") or r["workload"])
+                                       for r in report.timed(rows)))
         try:
             plot(rows, workloads, names, plot_path, title)
         except PlotUnavailable as exc:
@@ -131,14 +154,22 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
         raise UserError("--repeat must be >= 1 and --warmup >= 0")
+    if args.scale < 1 or (args.host_calls is not None and args.host_calls < 1):
+        raise UserError(f"--scale and --host-calls must be >= 1, got {args.scale} and {args.host_calls}")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     arch = arch_of_device(device)
     gpu = device.type != "cpu"
     repeat = args.repeat or (30 if gpu else 5)
     warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
     preset = args.preset or ("quick" if not args.shape else None)
-    work = wl.PRESETS[preset](args.clean) if preset else []
+    work = [w.scaled(args.scale) for w in wl.PRESETS[preset](args.clean)] if preset else []
     work += [wl.shape_workload(s, args.clean) for s in args.shape]
+    engine = preset == "engine"
+    graph = gpu and (engine if args.graph is None else args.graph)
+    host_cost = engine if args.host_cost is None else args.host_cost
+    if engine and not gpu and args.scale == 1:
+        _progress("mqa bench: the engine preset at full size takes long on a CPU; --scale 64 keeps its "
+                  "structure at a size that runs in seconds")
     ops = list(dict.fromkeys(w.op for w in work))
 
     for op in ops:  # which provider serves this machine, and why, before any number
@@ -170,9 +201,17 @@ def run(args: argparse.Namespace) -> int:
               f"{name_of_device}; fp8 peak {'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}; "
               f"{warmup} warm-up + {repeat} timed calls each, correctness checked first")
     rows = run_workloads(work, names, providers, device, arch, warmup=warmup, repeat=repeat,
-                         seed=args.seed, peak=peak, common=common, progress=_progress)
+                         seed=args.seed, peak=peak, common=common, graph=graph, progress=_progress)
+    if host_cost:
+        from ..bench.host import host_rows
+
+        hw = wl.host_cost_workload(args.clean, args.scale)
+        rows += host_rows(hw, [n for n in names if (n, hw.op) in providers], providers, device, arch,
+                          calls=args.host_calls or (200 if gpu else 20), rounds=5 if gpu else 3,
+                          seed=args.seed, common=common, progress=_progress)
     print(f"fp8 MQA logits on {name_of_device} ({arch}): median of {repeat} calls after {warmup} warm-up, "
-          f"inputs rotated; TFLOP/s counts 2*H*D per in-window pair")
+          f"inputs rotated; TFLOP/s counts 2*H*D per in-window pair"
+          + ("; graph = CUDA-graph replay, the device's time alone" if graph else ""))
     report.add_speedups(rows, args.baseline)
     if args.json:
         report.append_jsonl(args.json, rows)
