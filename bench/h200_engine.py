@@ -140,12 +140,18 @@ class Clock:
         return {"ms_median": p50, "ms_p10": p10, "ms_p90": p90, "ms_min": lo}
 
     def graph(self, fn: Callable[[], Any]) -> tuple[float | None, str]:
+        """(median ms per call replaying a CUDA graph of calls, "") or (None, why not): a failed
+        capture costs the graph figure only."""
         from triton.testing import do_bench_cudagraph
 
         why = host_syncs(fn)
         if why:
             return None, f"not captured: {why}"
-        return float(do_bench_cudagraph(fn, rep=20, return_mode="median")), ""
+        try:
+            return float(do_bench_cudagraph(fn, rep=20, return_mode="median")), ""
+        except Exception as exc:
+            traceback.print_exc()
+            return None, f"CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}"
 
     def wait(self) -> None:
         torch.cuda.synchronize()
@@ -215,11 +221,12 @@ def host_table_rows(names: Sequence[str], providers: dict[str, Provider], dg: An
     x = w.setup(device, 1234)
     ref, against = reference(w, x, {}, arch)
     args, op = x.args(), torch.ops.mqa.fp8_mqa_logits
+    flat = (x.q, x.k, x.k_scale, x.weights, x.ks, x.ke)  # the op's schema has no tuples
 
     def eager() -> torch.Tensor:
-        return op(x.q, x.k, x.k_scale, x.weights, x.ks, x.ke, clean_logits=True)
+        return op(*flat, clean_logits=True)
 
-    compiled = torch.compile(lambda q, k, s, wt, a, b: op(q, k, s, wt, a, b, clean_logits=True), fullgraph=True)
+    compiled_op = torch.compile(lambda q, k, s, wt, a, b: op(q, k, s, wt, a, b, clean_logits=True), fullgraph=True)
     rows = []
     for name in [*names, DG]:
         row: dict[str, Any] = {"record": "host", "provider": name, "workload": w.name, "label": w.label,
@@ -238,7 +245,7 @@ def host_table_rows(names: Sequence[str], providers: dict[str, Provider], dg: An
             fns = {"api": lambda: api_fn(*args, clean_logits=True),
                    "provider": lambda: provider_fn(*args, clean_logits=True),
                    "kernel": lambda: kernel_fn(*args, clean_logits=True), "torch_op": eager,
-                   "compiled": lambda: compiled(x.q, x.k, x.k_scale, x.weights, x.ks, x.ke)}
+                   "compiled": lambda: compiled_op(*flat)}
         try:
             with forced(name):
                 if name != DG:

@@ -213,3 +213,23 @@ def test_h200_script_cpu_smoke(tmp_path: Path) -> None:
     assert all(host["torch_ref"][f"host_us_{lv}"] > 0 for lv in ("api", "provider", "kernel", "torch_op", "compiled"))
     assert host["DeepGEMM"]["host_us_api"] > 0 and "host_us_kernel" not in host["DeepGEMM"]
     assert all(r["versions"]["torch"] == torch.__version__ and r["smoke"] for r in rows)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_engine_preset_on_a_gpu_times_graphs_and_the_host(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "engine.jsonl"
+    code = main(["bench", "--preset", "engine", "--scale", "16", "--providers", "gluon,torch_ref",
+                 "--repeat", "3", "--warmup", "1", "--host-calls", "50", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "graph ms" in captured.out and "GPU kept up" in captured.out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    gluon = [r for r in report.timed(rows) if r["provider"] == "gluon"]
+    assert len(gluon) == len(engine_preset()) and all(r["status"] == "ok" and r["graph_ms"] > 0 for r in gluon)
+    ref = [r for r in report.timed(rows) if r["provider"] == "torch_ref"]
+    assert all(r["graph_ms"] is None and "synchronises with the host" in r["graph_note"] for r in ref)
+    host = {r["provider"]: r for r in report.host(rows)}
+    assert host["gluon"]["status"] == "ok" and host["gluon"]["device_us"] > 0
+    assert host["gluon"]["gpu_kept_up"] in (True, False) and host["torch_ref"]["device_us"] is None

@@ -146,12 +146,15 @@ def host_rows(w: Workload, names: Sequence[str], providers: Mapping[tuple[str, s
                     progress(f"{tag}: WRONG vs {against}: {wrong}")
                     continue
                 costs = host_costs(fns, wait, calls=calls, rounds=rounds)
-            kernel = fns["kernel"]
-            device_t, note = graph_time(lambda _: kernel(), [None], device)
         except Exception as exc:  # reported; the other providers still run
             row.update(status="error", reason=f"{type(exc).__name__}: {exc}")
             progress(f"{tag}: ERROR {row['reason']}")
             continue
+        kernel = fns["kernel"]
+        try:
+            device_t, note = graph_time(lambda _: kernel(), [None], device)
+        except Exception as exc:  # the host figures stand; only the device's time is missing
+            device_t, note = None, f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
         device_us = None if device_t is None else device_t.median * 1e3
         row.update(status="ok", calc_diff=worst, verified_against=against or "none", device_us=device_us,
                    device_note=note or None,

@@ -93,7 +93,10 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
                        pct_peak=None if peak is None else 100 * tflops / peak)
             extra = ""
             if graph and device.type == "cuda":
-                g, note = graph_time(call, sets, device)
+                try:
+                    g, note = graph_time(call, sets, device)
+                except Exception as exc:  # a capture that fails costs this column, not the run
+                    g, note = None, f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
                 if g is None:
                     row.update(graph_ms=None, graph_note=note)
                 else:
