@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["ARCHS", "ENTRY", "FLYDSL_MIN", "Installed", "check", "entry_source", "gfx950_reason",
-           "installed", "load_entry", "needs_flydsl", "reset"]
+           "flydsl_installed", "installed", "load_entry", "needs_flydsl", "reset"]
 
 #: The archs AITER builds the kernel for.
 ARCHS = ("gfx942", "gfx950")
@@ -131,9 +131,22 @@ def needs_flydsl(found: Installed) -> str:
             f"build your AITER pins, >= {FLYDSL_MIN})")
 
 
+def flydsl_installed() -> bool:
+    """Whether the ``flydsl`` package can be imported; found without importing it.
+
+    A directory named ``flydsl`` without ``__init__.py`` on ``sys.path`` (a checkout's tests, say) is
+    an implicit namespace package, not the compiler: it does not count.
+    """
+    try:
+        spec = importlib.util.find_spec(FLYDSL)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
+
+
 def _flydsl_missing(exc: BaseException) -> bool:
-    name = getattr(exc, "name", None) or ""
-    return isinstance(exc, ModuleNotFoundError) and (name == FLYDSL or name.startswith(FLYDSL + "."))
+    """The package itself is absent (a broken install, missing one of its parts, is reported as is)."""
+    return isinstance(exc, ModuleNotFoundError) and exc.name == FLYDSL
 
 
 def entry_source(location: str) -> tuple[str, str] | None:
@@ -176,7 +189,7 @@ def _loaded_source(fn: Callable[..., Any]) -> tuple[str, str] | None:
 
 def _absent_entry_reason(found: Installed, module: Any) -> str:
     """Why ``aiter.ops.flydsl`` imported without the entry: no flydsl, flydsl off here, or too old."""
-    if importlib.util.find_spec(FLYDSL) is None:
+    if not flydsl_installed():
         return needs_flydsl(found)
     available = getattr(module, "is_flydsl_available", None)
     if callable(available):
@@ -234,7 +247,7 @@ def _check(arch: str) -> str | None:
         reason = gfx950_reason(found, source)
         if reason:
             return reason
-    if importlib.util.find_spec(FLYDSL) is None:  # every layout's entry module imports flydsl
+    if not flydsl_installed():  # every layout's entry module imports flydsl
         return needs_flydsl(found)
     fn, why = load_entry()
     if fn is None:
