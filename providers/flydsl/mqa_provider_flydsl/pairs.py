@@ -7,10 +7,11 @@ Read from ROCm/aiter (never copied):
   the host doubles ``kv_scales`` once per e4m3fn operand (``convert_q_fn``/``convert_kv_fn``,
   ``scale_mul``): ``aiter/ops/flydsl/kernels/fp8_mqa_logits.py`` at tag v0.1.18 (``d6de77692f``; the
   entry came with ROCm/aiter#3913, ``0571aeac7b``) lines 605-617, the same in
-  ``kernels/mqa_logits/fp8_mqa_logits.py`` at v0.1.20.post1 (``de07f3885e``) lines 499-511. AITER's own test sweeps q in {fnuz, fn} with kv fnuz
-  (``op_tests/flydsl_tests/test_flydsl_fp8_mqa_logits.py`` at v0.1.20.post1, lines 177-189) and a
-  later version adds kv fn with q in {fnuz, fn} (``test_flydsl_fp8_mqa_logits_fn_kv``). All four pairs
-  therefore go in as they are: converting here as well would convert twice.
+  ``kernels/mqa_logits/fp8_mqa_logits.py`` at v0.1.20.post1 (``de07f3885e``) lines 499-511.
+  AITER's own test sweeps q in {fnuz, fn} with kv fnuz (``op_tests/flydsl_tests/
+  test_flydsl_fp8_mqa_logits.py`` at v0.1.20.post1, lines 177-189) and a later version adds kv fn
+  with q in {fnuz, fn} (``test_flydsl_fp8_mqa_logits_fn_kv``). All four pairs therefore go in as
+  they are: converting here as well would convert twice.
 - gfx950: the CDNA4 scaled MFMA atoms read OCP e4m3fn only. The later entry
   (``aiter/ops/flydsl/fp8_mqa_logits_kernels.py``, the gfx950 path of ROCm/aiter#4538) asserts
   ``Q.dtype == KV.dtype == float8_e4m3fn`` there, and AITER's own dispatcher accepts the FlyDSL
