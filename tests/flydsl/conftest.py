@@ -1,12 +1,15 @@
-"""Fixtures for the FlyDSL provider's tests: stand-in ``aiter`` distributions.
+"""Fixtures for the FlyDSL provider's tests: stand-in ``aiter`` and ``flydsl`` distributions.
 
 Every stand-in is a real distribution (modules + dist-info) installed by ``install_dist`` into a
 temp site dir, so the provider meets it through importlib.metadata and the import system exactly
-as it would meet the real package.
+as it would meet the real package. The package skeletons follow ROCm/aiter's source: the released
+layout (v0.1.18 to v0.1.20.post1) exports the entry only when ``flydsl`` is available; the later
+layout with the gfx950 path imports ``flydsl`` unconditionally and resolves the entry lazily.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,20 +17,80 @@ import pytest
 from mqa_provider_flydsl import probe
 
 KERNEL_SOURCE = (Path(__file__).parent / "standin_aiter_fp8_mqa_logits.py").read_text()
+#: The released entry's module never names gfx950 in code; the stand-in's one mention is this line.
+RELEASED_SOURCE = KERNEL_SOURCE.replace('CDNA4 = "gfx950"', "CDNA4 = None")
+assert RELEASED_SOURCE != KERNEL_SOURCE and not re.search(r"""["']gfx950["']""", RELEASED_SOURCE)
+#: Where each layout defines the entry (``probe.ENTRY_FILES``, relative to ``aiter/``).
+RELEASED_ENTRY = "aiter/ops/flydsl/kernels/mqa_logits/fp8_mqa_logits.py"
+LATER_ENTRY = "aiter/ops/flydsl/fp8_mqa_logits_kernels.py"
 
-# The package skeleton of AMD's AITER (aiter/ops/flydsl/...), as the stand-ins reproduce it.
 AMD_INIT = '''\
 """STAND-IN for AMD's AITER (distribution amd-aiter), installed by mqa-provider-flydsl's CPU tests."""
 '''
-FLYDSL_INIT = '''\
-"""STAND-IN for aiter.ops.flydsl: the real one resolves its kernels lazily, like this."""
+_FLYDSL_VERSION_CHECK = '''\
+_have = tuple(int(p) for p in _flydsl.__version__.split("+")[0].split(".")[:3])
+if _have < (0, 2, 4):
+    raise ImportError(f"Unsupported `flydsl` version: expected >=`0.2.4`, got `{_flydsl.__version__}`.")
+'''
+RELEASED_FLYDSL_INIT = '''\
+"""STAND-IN for aiter/ops/flydsl/__init__.py of v0.1.18 to v0.1.20.post1: the kernels are imported,
+and exported, only when is_flydsl_available()."""
+from .utils import is_flydsl_available
+
+__all__ = ["is_flydsl_available"]
+
+if is_flydsl_available():
+    import flydsl as _flydsl
+
+''' + "\n".join("    " + line for line in _FLYDSL_VERSION_CHECK.splitlines()) + '''
+
+    @ENTRY_IMPORT@
+'''
+RELEASED_UTILS = '''\
+"""STAND-IN for aiter/ops/flydsl/utils.py's is_flydsl_available (v0.1.18 to v0.1.20.post1)."""
+import importlib.util
+
+
+def is_flydsl_available():
+    if importlib.util.find_spec("flydsl") is None:
+        return False
+    from flydsl.runtime.device import get_rocm_arch
+    from flydsl.utils.smem_allocator import SMEM_CAPACITY_MAP
+
+    return get_rocm_arch() in SMEM_CAPACITY_MAP
+'''
+LATER_FLYDSL_INIT = '''\
+"""STAND-IN for the later aiter/ops/flydsl/__init__.py: flydsl imported unconditionally, the
+entry resolved lazily from fp8_mqa_logits_kernels."""
 from importlib import import_module
+
+import flydsl as _flydsl
+
+''' + _FLYDSL_VERSION_CHECK + '''
+_LAZY_IMPORTS = @LAZY@
 
 
 def __getattr__(name):
-    if name == "flydsl_fp8_mqa_logits":
-        return import_module(".fp8_mqa_logits_kernels", __name__).flydsl_fp8_mqa_logits
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module_name, attr_name = _LAZY_IMPORTS[name]
+    except KeyError as exc:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from exc
+    return getattr(import_module(module_name, __name__), attr_name)
+'''
+FLYDSL_DEVICE = '''\
+"""STAND-IN for flydsl.runtime.device: the GPU arch comes from MQA_TEST_AITER_GFX ("none": no GPU)."""
+import os
+
+
+def get_rocm_arch():
+    arch = os.environ.get("MQA_TEST_AITER_GFX", "gfx942")
+    if arch == "none":
+        raise RuntimeError("stand-in flydsl: no ROCm device found")
+    return arch
+'''
+FLYDSL_SMEM = '''\
+"""STAND-IN for flydsl.utils.smem_allocator: the archs flydsl ships kernels for."""
+SMEM_CAPACITY_MAP = {"gfx942": 65536, "gfx950": 163840}
 '''
 ASYNC_INIT = '''\
 """STAND-IN for the unrelated PyPI package 'aiter' (async-iterator helpers), in mqa-provider-flydsl's
@@ -61,18 +124,50 @@ def _fresh_probe(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture
-def amd_aiter(install_dist) -> Callable[..., None]:
-    """``amd_aiter(version="0.1.23", entry=True)`` installs the stand-in AMD AITER."""
+def flydsl_pkg(install_dist) -> Callable[..., None]:
+    """``flydsl_pkg(version="0.2.4")`` installs the stand-in flydsl compiler package."""
 
-    def install(version: str = "0.1.23", *, entry: bool = True) -> None:
-        files = {
-            "aiter/__init__.py": AMD_INIT,
-            "aiter/ops/__init__.py": "",
-            "aiter/ops/flydsl/__init__.py": FLYDSL_INIT if entry else '"""STAND-IN: no MQA kernel."""\n',
-        }
-        if entry:
-            files["aiter/ops/flydsl/fp8_mqa_logits_kernels.py"] = KERNEL_SOURCE
-        install_dist("amd-aiter", version, files)
+    def install(version: str = "0.2.4") -> None:
+        install_dist("flydsl", version, {
+            "flydsl/__init__.py": f'"""STAND-IN for the flydsl compiler package."""\n__version__ = "{version}"\n',
+            "flydsl/runtime/__init__.py": "", "flydsl/runtime/device.py": FLYDSL_DEVICE,
+            "flydsl/utils/__init__.py": "", "flydsl/utils/smem_allocator.py": FLYDSL_SMEM,
+        })
+
+    return install
+
+
+@pytest.fixture
+def amd_aiter(install_dist, flydsl_pkg) -> Callable[..., None]:
+    """``amd_aiter(version=None, *, gfx950=True, entry=True, flydsl="0.2.4")`` installs a stand-in AITER.
+
+    ``gfx950=True``: the later layout with the gfx950 path; False: a release, v0.1.18 to v0.1.20.post1
+    (gfx942-only, entry exported only when flydsl is available). ``entry=False``: an AITER older than
+    the entry (ROCm/aiter#3913). ``flydsl=None``: the flydsl package is not installed.
+    """
+
+    def install(version: str | None = None, *, gfx950: bool = True, entry: bool = True,
+                flydsl: str | None = "0.2.4") -> None:
+        if flydsl is not None:
+            flydsl_pkg(flydsl)
+        files = {"aiter/__init__.py": AMD_INIT, "aiter/ops/__init__.py": ""}
+        if gfx950:
+            lazy = ({"flydsl_fp8_mqa_logits": (".fp8_mqa_logits_kernels", "flydsl_fp8_mqa_logits")}
+                    if entry else {})
+            files["aiter/ops/flydsl/__init__.py"] = LATER_FLYDSL_INIT.replace("@LAZY@", repr(lazy))
+            if entry:
+                files[LATER_ENTRY] = KERNEL_SOURCE
+        else:
+            entry_import = ("from .kernels.mqa_logits.fp8_mqa_logits import flydsl_fp8_mqa_logits  # noqa"
+                            if entry else "pass")
+            files["aiter/ops/flydsl/__init__.py"] = RELEASED_FLYDSL_INIT.replace("@ENTRY_IMPORT@", entry_import)
+            files["aiter/ops/flydsl/utils.py"] = RELEASED_UTILS
+            files["aiter/ops/flydsl/kernels/__init__.py"] = ""
+            files["aiter/ops/flydsl/kernels/mqa_logits/__init__.py"] = ""
+            if entry:
+                files[RELEASED_ENTRY] = RELEASED_SOURCE
+        default = "0.1.24.dev7+g01668150e" if gfx950 else "0.1.20.post1"
+        install_dist("amd-aiter", version or default, files)
 
     return install
 
@@ -84,6 +179,7 @@ def async_aiter(install_dist) -> None:
 
 
 @pytest.fixture
-def aiter_without_rocm(install_dist) -> None:
+def aiter_without_rocm(install_dist, flydsl_pkg) -> None:
     """AMD's AITER whose import raises RuntimeError, as it does without ROCm."""
-    install_dist("amd-aiter", "0.1.23", {"aiter/__init__.py": NO_ROCM_INIT, "aiter/ops/__init__.py": ""})
+    flydsl_pkg()
+    install_dist("amd-aiter", "0.1.20.post1", {"aiter/__init__.py": NO_ROCM_INIT, "aiter/ops/__init__.py": ""})

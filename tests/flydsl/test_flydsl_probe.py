@@ -1,27 +1,48 @@
-"""The FlyDSL provider's own pieces, without the core's selection: limits, versions, the runtime check."""
+"""The FlyDSL provider's own pieces, without the core's selection: spec, pairs, limits, the runtime check."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 
 import pytest
-from mqa_provider_flydsl import SPEC, probe
+from mqa_provider_flydsl import SPEC, pairs, probe
 from mqa_provider_flydsl.limits import shape_limits
 
-from mqa_core import Problem
+from mqa_core import Problem, ProviderSpec
+
+FN, FNUZ = pairs.FN, pairs.FNUZ
+NEEDS_FLYDSL = "AMD AITER's FlyDSL entry needs the `flydsl` package, which is not installed"
+HAS_PAIRS = "dtype_pairs" in {f.name for f in dataclasses.fields(ProviderSpec)}
 
 
 def test_spec_declares_the_kernel():
     assert SPEC.name == "flydsl"
     assert SPEC.archs == {"gfx942", "gfx950"}
-    assert SPEC.dtypes == {"float8_e4m3fn"}
+    assert SPEC.dtypes == {FN}  # the one pair true on both archs: all an mqa-core without pairs sees
     assert SPEC.ops == {"fp8_mqa_logits"}
     assert SPEC.priority == 300
     assert SPEC.load == "mqa_provider_flydsl.kernel:KERNEL"
 
 
-@pytest.mark.parametrize("h", [16, 32, 64, 128])
+def test_pairs_are_what_aiter_takes():
+    assert pairs.DECLARED["gfx942"] == {(FNUZ, FNUZ), (FN, FNUZ), (FN, FN), (FNUZ, FN)}
+    assert pairs.DECLARED["gfx950"] == {(FN, FN)}
+    assert pairs.refusal("gfx942", FN, FNUZ) is None
+    assert pairs.refusal("gfx950", FNUZ, FNUZ) == (
+        "AITER's FlyDSL entry on gfx950 takes (q, k) dtypes (float8_e4m3fn, float8_e4m3fn); "
+        "got (float8_e4m3fnuz, float8_e4m3fnuz)")
+
+
+@pytest.mark.skipif(not HAS_PAIRS, reason="this mqa-core's ProviderSpec has no dtype_pairs yet "
+                                          "(COMMON.md shared interface #1); the spec passes dtypes only")
+def test_spec_declares_pairs_per_arch_where_core_takes_them():
+    for arch, declared in pairs.DECLARED.items():
+        assert SPEC.pairs_for(arch) == declared  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("h", [16, 32, 64, 128, 256, 512])
 @pytest.mark.parametrize("d", [64, 128])
 def test_shapes_inside_the_limits(h, d):
     assert shape_limits(Problem(4096, 65536, h, d)) is None
@@ -33,7 +54,9 @@ def test_shapes_inside_the_limits(h, d):
     (Problem(8, 8, 64, 96), "D=96 is not one of 64, 128"),
     (Problem(8, 8, 64, 256), "D=256"),
     (Problem(8, 8, 64, 32), "D=32"),
-    (Problem(2**18, 8, 64, 128), "M*H*D=2147483648 overflows"),
+    (Problem(2**18, 8, 64, 128), "M*H*D=2147483648 (M padded to 262144) overflows"),
+    (Problem(2**18 - 3, 8, 64, 128), "M*H*D=2147483648 (M padded to 262144) overflows"),
+    (Problem(2**14, 8, 1024, 128), "M*H*D=2147483648"),
     (Problem(8, 2**24, 64, 128), "N*D=2147483648 overflows"),
 ])
 def test_shapes_outside_the_limits(problem, says):
@@ -42,20 +65,8 @@ def test_shapes_outside_the_limits(problem, says):
     assert reason.startswith("AITER's FlyDSL kernel does not compile this shape")
 
 
-@pytest.mark.parametrize("version, ok", [
-    ("0.1.23", True), ("0.1.23.post1", True), ("0.1.23+rocm7.2.1", True), ("0.1.24.dev3+g1a2b3c", True),
-    ("0.1.23.post1.dev2", True), ("0.2", True), ("1.0.0", True), ("v0.1.30", True),
-    ("0.1.22", False), ("0.1.22.post9", False), ("0.1.23rc1", False), ("0.1.23.dev5+ge6c7333", False),
-    ("0.1.7.post2.dev18", False), ("0.1", False),
-])
-def test_version_at_least(version, ok):
-    assert probe.at_least(version, probe.GFX950_MIN) is ok
-
-
-def test_unreadable_version_is_not_guessed():
-    assert probe.at_least("unknown", probe.GFX950_MIN) is None
-    reason = probe.gfx950_reason(probe.Installed(None, "unknown", "/x/aiter"))
-    assert reason is not None and "cannot read AMD AITER version 'unknown'" in reason
+def test_largest_shapes_inside_the_int32_offsets():
+    assert shape_limits(Problem(2**18 - 4, 2**24 - 1, 64, 128)) is None
 
 
 def test_absent():
@@ -65,21 +76,81 @@ def test_absent():
                                      "amd-aiter (shipped with ROCm builds; not the PyPI package 'aiter')")
 
 
-def test_present_serves_both_archs(amd_aiter):
-    amd_aiter("0.1.23")
+def test_aiter_with_the_gfx950_path_serves_both_archs(amd_aiter):
+    amd_aiter()
     assert probe.check("gfx942") is None
     assert probe.check("gfx950") is None
     assert probe.check("sm_90") == "AITER's FlyDSL MQA-logits kernel is built for gfx942, gfx950, not sm_90"
 
 
-def test_too_old_for_gfx950_still_serves_gfx942_and_decides_without_importing(amd_aiter):
-    amd_aiter("0.1.22")
+def test_released_aiter_is_gfx942_only_and_decided_without_importing(amd_aiter):
+    amd_aiter(gfx950=False)
     reason = probe.check("gfx950")
-    assert reason == ("amd-aiter 0.1.22 is too old for gfx950: gfx950 needs amd-aiter >= 0.1.23 "
-                      "(the gfx950 FlyDSL MQA-logits path, ROCm/aiter#4538); gfx942 is served")
-    assert "aiter" not in sys.modules  # metadata answered; AITER's slow import was not needed
+    assert reason is not None and reason.startswith("amd-aiter 0.1.20.post1's FlyDSL MQA-logits entry (")
+    assert reason.endswith("kernels/mqa_logits/fp8_mqa_logits.py) is gfx942-only (ROCm/aiter#3913, as "
+                           "released in v0.1.18 to v0.1.20.post1); gfx950 needs the gfx950 path of "
+                           "ROCm/aiter#4538; gfx942 is served")
+    assert "aiter" not in sys.modules  # the files answered; AITER's slow import was not needed
     assert probe.check("gfx942") is None
     assert "aiter" in sys.modules
+
+
+@pytest.mark.parametrize("gfx950", [True, False])
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_aiter_without_flydsl_names_flydsl_not_an_upgrade(amd_aiter, gfx950, arch):
+    amd_aiter(gfx950=gfx950, flydsl=None)
+    reason = probe.check(arch)
+    if arch == "gfx950" and not gfx950:
+        assert reason is not None and "is gfx942-only" in reason  # installing flydsl would not help
+        return
+    assert reason is not None and reason.startswith(NEEDS_FLYDSL)
+    assert "exports aiter.ops.flydsl.flydsl_fp8_mqa_logits only when `flydsl` imports" in reason
+    assert ">= 0.2.4" in reason and "upgrade" not in reason
+    assert "aiter" not in sys.modules  # decided from find_spec, before AITER's import
+
+
+def test_flydsl_missing_found_at_import_is_named_too(amd_aiter, monkeypatch):
+    # The later layout imports flydsl in aiter/ops/flydsl/__init__.py: a flydsl that looked present
+    # but does not import (a stale path entry, say) surfaces there as ModuleNotFoundError.
+    amd_aiter()
+    monkeypatch.setattr(probe, "flydsl_installed", lambda: True)
+    monkeypatch.setitem(sys.modules, "flydsl", None)  # "import flydsl" raises ModuleNotFoundError
+    reason = probe.check("gfx942")
+    assert reason is not None and reason.startswith(NEEDS_FLYDSL)
+
+
+@pytest.mark.parametrize("gfx950", [True, False])
+def test_flydsl_too_old(amd_aiter, gfx950):
+    amd_aiter(gfx950=gfx950, flydsl="0.2.1")
+    reason = probe.check("gfx942")
+    assert reason is not None and reason.endswith(
+        "imports, but aiter.ops.flydsl does not: ImportError: Unsupported `flydsl` version: "
+        "expected >=`0.2.4`, got `0.2.1`.")
+
+
+def test_flydsl_present_but_not_for_this_gpu(amd_aiter, monkeypatch):
+    # The released layout asks flydsl whether it supports the GPU; without one it exports nothing.
+    amd_aiter(gfx950=False)
+    monkeypatch.setenv("MQA_TEST_AITER_GFX", "gfx1100")  # an arch flydsl ships no kernels for
+    reason = probe.check("gfx942")
+    assert reason == ("amd-aiter 0.1.20.post1 exports aiter.ops.flydsl.flydsl_fp8_mqa_logits only when "
+                      "aiter.ops.flydsl.is_flydsl_available() is true, and here it is not (`flydsl` "
+                      "does not support this machine's GPU)")
+
+
+def test_a_directory_named_flydsl_is_not_the_package(tmp_path, monkeypatch):
+    (tmp_path / "flydsl").mkdir()  # an implicit namespace package, as a checkout's tests/flydsl is
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert importlib.util.find_spec("flydsl") is not None
+    assert probe.flydsl_installed() is False
+
+
+@pytest.mark.parametrize("gfx950", [True, False])
+def test_aiter_older_than_the_entry(amd_aiter, gfx950):
+    amd_aiter("0.1.17", gfx950=gfx950, entry=False)
+    assert probe.check("gfx942") == ("amd-aiter 0.1.17 has no aiter.ops.flydsl.flydsl_fp8_mqa_logits "
+                                     "(added in ROCm/aiter#3913, first released in v0.1.18); upgrade "
+                                     "amd-aiter")
 
 
 def test_async_iterator_aiter_is_not_amd(async_aiter):
@@ -90,11 +161,11 @@ def test_async_iterator_aiter_is_not_amd(async_aiter):
 
 
 def test_both_named_when_the_async_package_shadows_amd(async_aiter, install_dist):
-    install_dist("amd-aiter", "0.1.23", {})  # metadata left behind, its aiter/ overwritten
+    install_dist("amd-aiter", "0.1.20.post1", {})  # metadata left behind, its aiter/ overwritten
     reason = probe.check("gfx942")
     assert reason is not None and reason.startswith("the installed 'aiter' is the unrelated async-iterator")
-    assert ("both amd-aiter 0.1.23 and aiter 0.13.20191203 are installed and share the import name; "
-            "pip uninstall aiter") in reason
+    assert ("both amd-aiter 0.1.20.post1 and aiter 0.13.20191203 are installed and share the import "
+            "name; pip uninstall aiter") in reason
 
 
 def test_import_raising_is_reported(aiter_without_rocm):
@@ -102,20 +173,38 @@ def test_import_raising_is_reported(aiter_without_rocm):
                                      "runtime found (hipGetDeviceCount failed)")
 
 
-def test_aiter_without_the_flydsl_entry(amd_aiter):
-    amd_aiter("0.1.10", entry=False)
-    assert probe.check("gfx942") == ("AMD AITER 0.1.10 has no aiter.ops.flydsl.flydsl_fp8_mqa_logits "
-                                     "(added in ROCm/aiter#3913); upgrade amd-aiter")
-
-
-def test_source_checkout_without_metadata(install_dist):
-    # AITER on PYTHONPATH from a git checkout: no distribution, so no version to trust for gfx950.
-    entry = "def flydsl_fp8_mqa_logits(): pass\n"
-    install_dist("some-bundle", "1.0", {"aiter/__init__.py": "", "aiter/ops/__init__.py": "",
-                                        "aiter/ops/flydsl/__init__.py": entry})
+def test_v0_1_18_layout_is_found_on_disk(install_dist, flydsl_pkg):
+    # v0.1.18 and v0.1.19 kept the entry in aiter/ops/flydsl/kernels/fp8_mqa_logits.py.
+    flydsl_pkg()
+    entry = "def flydsl_fp8_mqa_logits(Q, KV, kv_scales, weights, cu_starts, cu_ends, clean_logits=True,\n" \
+            "                          stream=None, variant=None):\n    pass\n"
+    install_dist("amd-aiter", "0.1.18", {
+        "aiter/__init__.py": "", "aiter/ops/__init__.py": "",
+        "aiter/ops/flydsl/__init__.py": "from .kernels.fp8_mqa_logits import flydsl_fp8_mqa_logits\n",
+        "aiter/ops/flydsl/kernels/__init__.py": "", "aiter/ops/flydsl/kernels/fp8_mqa_logits.py": entry})
+    found = probe.installed()
+    source = probe.entry_source(found.location)
+    assert source is not None and source[0].endswith("kernels/fp8_mqa_logits.py")
     assert probe.check("gfx942") is None
     reason = probe.check("gfx950")
-    assert reason is not None and "cannot tell the AMD AITER version" in reason
+    assert reason is not None and "kernels/fp8_mqa_logits.py) is gfx942-only" in reason
+
+
+def test_entry_outside_the_known_files_is_judged_from_its_loaded_source(install_dist, flydsl_pkg,
+                                                                        monkeypatch):
+    flydsl_pkg()
+    entry = 'def flydsl_fp8_mqa_logits(*args, **kwargs):\n    return "gfx950"\n'
+    install_dist("some-bundle", "1.0", {"aiter/__init__.py": "", "aiter/ops/__init__.py": "",
+                                        "aiter/ops/flydsl/__init__.py": entry})
+    assert probe.entry_source(probe.installed().location) is None
+    assert probe.check("gfx942") is None
+    assert probe.check("gfx950") is None  # its module names gfx950
+    probe.reset()
+    monkeypatch.setattr(probe, "_loaded_source", lambda fn: None)
+    reason = probe.check("gfx950")
+    assert reason is not None and reason.startswith(
+        "cannot tell whether AMD AITER has the gfx950 FlyDSL MQA-logits path (ROCm/aiter#4538): "
+        "no source of aiter.ops.flydsl.flydsl_fp8_mqa_logits under ")
 
 
 def test_check_never_raises(monkeypatch):
@@ -127,7 +216,7 @@ def test_check_never_raises(monkeypatch):
 
 
 def test_import_happens_once_per_discovery(amd_aiter):
-    amd_aiter("0.1.23")
+    amd_aiter()
     for _ in range(3):
         assert probe.check("gfx942") is None
         assert probe.check("gfx950") is None

@@ -1,10 +1,29 @@
 """Is AMD's AITER, with the FlyDSL MQA-logits kernel, usable for an arch? Cheap, cached, never raises.
 
-Two pitfalls shape the order of the questions. The import name ``aiter`` is shared by AMD's AITER
+Three pitfalls shape the order of the questions. The import name ``aiter`` is shared by AMD's AITER
 (distribution ``amd-aiter``) and an unrelated async-iterator package on PyPI (distribution ``aiter``),
-so the package on disk is inspected before anything runs. And importing AMD's AITER is slow and
-raises on a machine without ROCm, so metadata answers what it can (which package, which version)
-and the import happens at most once per discovery, its result cached.
+so the package on disk is inspected before anything runs. Importing AMD's AITER is slow and raises on
+a machine without ROCm, so the files answer what they can and the import happens at most once per
+discovery. And AITER exports the entry only when the separate ``flydsl`` compiler package imports, so
+a missing ``flydsl`` must be named as such, not read as "this AITER is too old".
+
+What each ROCm/aiter version does, as read from its source (never copied):
+
+- The entry ``aiter.ops.flydsl.flydsl_fp8_mqa_logits`` came with ROCm/aiter#3913 (``0571aeac7b``,
+  2026-07-07); the first tag holding it is v0.1.18 (``d6de77692f``; v0.1.17 has none).
+- v0.1.18 to v0.1.20.post1 (``de07f3885e``) export it from ``aiter/ops/flydsl/__init__.py`` only
+  ``if is_flydsl_available()`` (line 23), which is ``find_spec("flydsl")`` and the GPU's arch in
+  flydsl's ``SMEM_CAPACITY_MAP`` (``aiter/ops/flydsl/utils.py`` lines 72-82): without ``flydsl``,
+  ``import aiter.ops.flydsl`` works and the entry is simply absent. With flydsl older than 0.2.4 the
+  import raises ImportError (``_MIN_FLYDSL_VERSION``, lines 16-38).
+- A later layout (``aiter/ops/flydsl/fp8_mqa_logits_kernels.py`` holding the entry) imports
+  ``flydsl`` unconditionally in ``aiter/ops/flydsl/__init__.py`` and resolves the entry lazily:
+  without ``flydsl`` the package import raises ModuleNotFoundError.
+- Those releases are gfx942-only ("FlyDSL gfx942 FP8 MQA logits"; AITER's test runs only on
+  gfx942, ``SUPPORTED_GFX``), and never name gfx950. The gfx950 path is ROCm/aiter#4538 (open at its
+  last stored comment, 2026-09-16); a build carrying it branches on ``_ARCH == "gfx950"`` in the
+  module that defines the entry. No release tag read here carries it, so gfx950 is judged by that
+  marker in the installed entry's source, not by a version number.
 """
 
 from __future__ import annotations
@@ -13,20 +32,33 @@ import functools
 import importlib
 import importlib.metadata as md
 import importlib.util
+import inspect
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["ARCHS", "ENTRY", "FLYDSL_MIN", "Installed", "check", "entry_source", "gfx950_reason",
+           "flydsl_installed", "installed", "load_entry", "needs_flydsl", "reset"]
+
 #: The archs AITER builds the kernel for.
 ARCHS = ("gfx942", "gfx950")
 #: AMD's distribution; older source builds were also published under the import name.
 AMD_DIST = "amd-aiter"
 OTHER_DIST = "aiter"
+FLYDSL = "flydsl"
+#: ``_MIN_FLYDSL_VERSION`` of every AITER release with the entry (v0.1.18 to v0.1.20.post1).
+FLYDSL_MIN = "0.2.4"
 ENTRY = "aiter.ops.flydsl.flydsl_fp8_mqa_logits"
-#: The gfx950 FlyDSL path (CDNA4 scaled-MFMA variants) landed in ROCm/aiter#4538, released in v0.1.23.
-GFX950_MIN = (0, 1, 23)
+#: Where each layout defines the entry, relative to the ``aiter`` package, newest first.
+ENTRY_FILES = (
+    "ops/flydsl/fp8_mqa_logits_kernels.py",  # the later layout with the gfx950 path
+    "ops/flydsl/kernels/mqa_logits/fp8_mqa_logits.py",  # v0.1.20, v0.1.20.post1
+    "ops/flydsl/kernels/fp8_mqa_logits.py",  # v0.1.18, v0.1.19
+)
+#: The gfx950 path branches on the arch name in the entry's module; gfx942-only builds never name it.
+_GFX950_MARK = re.compile(r"""["']gfx950["']""")
 _INSTALL = f"install AMD's {AMD_DIST} (shipped with ROCm builds; not the PyPI package 'aiter')"
 
 
@@ -40,6 +72,10 @@ class Installed:
     version: str | None = None
     #: Where ``aiter`` would be imported from, for messages.
     location: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{AMD_DIST} {self.version}" if self.version else "AMD AITER"
 
 
 def _err(exc: BaseException) -> str:
@@ -88,48 +124,85 @@ def installed() -> Installed:
     return Installed(None, amd or other, location)
 
 
-_PEP440 = re.compile(
-    r"""^\s*v?(?:\d+!)?(?P<release>\d+(?:\.\d+)*)
-    (?P<pre>[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?
-    (?P<post>-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?
-    (?P<dev>[-_.]?dev[-_.]?\d*)?
-    (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$""",
-    re.VERBOSE | re.IGNORECASE,
-)
+def needs_flydsl(found: Installed) -> str:
+    """The reason given when AITER is here and ``flydsl`` is not: no AITER exports the entry then."""
+    return (f"AMD AITER's FlyDSL entry needs the `{FLYDSL}` package, which is not installed: "
+            f"{found.name} exports {ENTRY} only when `{FLYDSL}` imports (install the {FLYDSL} "
+            f"build your AITER pins, >= {FLYDSL_MIN})")
 
 
-def at_least(version: str, minimum: tuple[int, ...]) -> bool | None:
-    """PEP 440 ``version >= minimum`` for a release ``minimum``; None if ``version`` is unreadable.
+def flydsl_installed() -> bool:
+    """Whether the ``flydsl`` package can be imported; found without importing it.
 
-    A pre-release or dev build of the minimum itself (``0.1.23rc1``, ``0.1.23.dev5+g...``, what
-    setuptools_scm names commits after the previous tag) sorts before it, so it does not qualify.
-    Written here because ``packaging`` is not a dependency of this provider.
+    A directory named ``flydsl`` without ``__init__.py`` on ``sys.path`` (a checkout's tests, say) is
+    an implicit namespace package, not the compiler: it does not count.
     """
-    m = _PEP440.match(version)
-    if m is None:
-        return None
-    release = tuple(int(p) for p in m["release"].split("."))
-    width = max(len(release), len(minimum))
-    have = release + (0,) * (width - len(release))
-    need = minimum + (0,) * (width - len(minimum))
-    if have != need:
-        return have > need
-    return not (m["pre"] or (m["dev"] and not m["post"]))
+    try:
+        spec = importlib.util.find_spec(FLYDSL)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
 
 
-def gfx950_reason(found: Installed) -> str | None:
-    """Why this AITER cannot run the kernel on gfx950 (too old, or version unknown), else None."""
-    need = ".".join(map(str, GFX950_MIN))
-    why = f"gfx950 needs {AMD_DIST} >= {need} (the gfx950 FlyDSL MQA-logits path, ROCm/aiter#4538)"
-    if found.version is None:
-        return (f"cannot tell the AMD AITER version at {found.location} (no {AMD_DIST} distribution "
-                f"metadata); {why}")
-    ok = at_least(found.version, GFX950_MIN)
-    if ok is None:
-        return f"cannot read AMD AITER version {found.version!r}; {why}"
-    if not ok:
-        return f"{AMD_DIST} {found.version} is too old for gfx950: {why}; gfx942 is served"
+def _flydsl_missing(exc: BaseException) -> bool:
+    """The package itself is absent (a broken install, missing one of its parts, is reported as is)."""
+    return isinstance(exc, ModuleNotFoundError) and exc.name == FLYDSL
+
+
+def entry_source(location: str) -> tuple[str, str] | None:
+    """``(path, text)`` of the file that defines the entry in the package at ``location``, if any."""
+    for rel in ENTRY_FILES:
+        path = os.path.join(location, *rel.split("/"))
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if "def flydsl_fp8_mqa_logits" in text:
+            return path, text
     return None
+
+
+def gfx950_reason(found: Installed, source: tuple[str, str] | None) -> str | None:
+    """Why this AITER's entry has no gfx950 path, judged from its source, else None."""
+    if source is None:
+        return (f"cannot tell whether {found.name} has the gfx950 FlyDSL MQA-logits path "
+                f"(ROCm/aiter#4538): no source of {ENTRY} under {found.location}; gfx942 is served")
+    path, text = source
+    if _GFX950_MARK.search(text):
+        return None
+    return (f"{found.name}'s FlyDSL MQA-logits entry ({path}) is gfx942-only (ROCm/aiter#3913, "
+            f"as released in v0.1.18 to v0.1.20.post1); gfx950 needs the gfx950 path of "
+            f"ROCm/aiter#4538; gfx942 is served")
+
+
+def _loaded_source(fn: Callable[..., Any]) -> tuple[str, str] | None:
+    try:
+        path = inspect.getsourcefile(fn)
+        if path is None:
+            return None
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return path, f.read()
+    except (OSError, TypeError):
+        return None
+
+
+def _absent_entry_reason(found: Installed, module: Any) -> str:
+    """Why ``aiter.ops.flydsl`` imported without the entry: no flydsl, flydsl off here, or too old."""
+    if not flydsl_installed():
+        return needs_flydsl(found)
+    available = getattr(module, "is_flydsl_available", None)
+    if callable(available):
+        try:
+            ok, why = bool(available()), ""
+        except Exception as exc:  # it asks flydsl for the GPU's arch, which may fail here
+            ok, why = False, f": {_err(exc)}"
+        if not ok:
+            return (f"{found.name} exports {ENTRY} only when aiter.ops.flydsl.is_flydsl_available() "
+                    f"is true, and here it is not (`{FLYDSL}` does not support this machine's GPU"
+                    f"{why})")
+    return (f"{found.name} has no {ENTRY} (added in ROCm/aiter#3913, first released in v0.1.18); "
+            f"upgrade {AMD_DIST}")
 
 
 KernelFn = Callable[..., Any]
@@ -138,24 +211,27 @@ KernelFn = Callable[..., Any]
 @functools.lru_cache(maxsize=1)
 def load_entry() -> tuple[KernelFn | None, str | None]:
     """Import AITER once: ``(flydsl_fp8_mqa_logits, None)`` or ``(None, why not)``."""
-    version = installed().version
-    name = f"AMD AITER {version}" if version else "AMD AITER"
+    found = installed()
     try:
         importlib.import_module("aiter")
     except (Exception, SystemExit) as exc:  # without ROCm it raises RuntimeError, OSError, ...
         return None, f"AMD AITER not importable: {_err(exc)}"
     try:
         module = importlib.import_module("aiter.ops.flydsl")
-    except (Exception, SystemExit) as exc:  # e.g. the 'flydsl' compiler package missing or too old
-        return None, f"{name} imports, but aiter.ops.flydsl does not: {_err(exc)}"
+    except (Exception, SystemExit) as exc:  # flydsl missing or too old, ...
+        if _flydsl_missing(exc):
+            return None, needs_flydsl(found)
+        return None, f"{found.name} imports, but aiter.ops.flydsl does not: {_err(exc)}"
     try:
-        fn = module.flydsl_fp8_mqa_logits  # a lazy attribute: imports the kernel module
+        fn = module.flydsl_fp8_mqa_logits  # an attribute, or a lazy one that imports the kernel
     except AttributeError:
-        return None, f"{name} has no {ENTRY} (added in ROCm/aiter#3913); upgrade {AMD_DIST}"
+        return None, _absent_entry_reason(found, module)
     except (Exception, SystemExit) as exc:
-        return None, f"{name}: importing {ENTRY} failed: {_err(exc)}"
+        if _flydsl_missing(exc):
+            return None, needs_flydsl(found)
+        return None, f"{found.name}: importing {ENTRY} failed: {_err(exc)}"
     if not callable(fn):
-        return None, f"{name}: {ENTRY} is a {type(fn).__name__}, not a function"
+        return None, f"{found.name}: {ENTRY} is a {type(fn).__name__}, not a function"
     return fn, None
 
 
@@ -166,11 +242,19 @@ def _check(arch: str) -> str | None:
     found = installed()
     if found.problem:
         return found.problem
-    if arch == "gfx950":
-        reason = gfx950_reason(found)
+    source = entry_source(found.location)
+    if arch == "gfx950" and source is not None:  # decided from the files, before any import
+        reason = gfx950_reason(found, source)
         if reason:
             return reason
-    return load_entry()[1]
+    if not flydsl_installed():  # every layout's entry module imports flydsl
+        return needs_flydsl(found)
+    fn, why = load_entry()
+    if fn is None:
+        return why
+    if arch == "gfx950" and source is None:  # installed without sources on disk where expected
+        return gfx950_reason(found, _loaded_source(fn))
+    return None
 
 
 def check(arch: str) -> str | None:
@@ -191,3 +275,4 @@ def reset() -> None:
     installed.cache_clear()
     load_entry.cache_clear()
     _check.cache_clear()
+

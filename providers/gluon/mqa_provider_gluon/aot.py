@@ -3,7 +3,8 @@
 ``triton.compile`` with an explicit ``GPUTarget`` runs the whole backend on the CPU, so the AMD
 builds can be checked for fp8 MFMA instructions and the sm_90 build for fp8 wgmma (QGMMA in SASS),
 registers and spills without any GPU. The signature mirrors what the JIT sees at a real launch:
-16-byte-aligned pointers and strides, a unit k_scale stride.
+16-byte-aligned pointers and strides, a unit k_scale stride, and q/k pointers of the fp8 flavour the
+launcher hands the kernel (each can be set, to build what a given (q, k) dtype pair launches).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from triton.compiler import ASTSource
 from .fp8 import wants_fnuz
 from .ops.mqa_logits_triton import TritonConfig, constexprs, default_config, kernel
 
-__all__ = ["TARGETS", "AmdFacts", "SassFacts", "amd_facts", "compile_for", "mfma_ops", "sass",
-           "sass_facts"]
+__all__ = ["TARGETS", "TRITON_FP8", "AmdFacts", "SassFacts", "amd_facts", "compile_for", "mfma_formats",
+           "mfma_ops", "sass", "sass_facts"]
 
 #: The targets the provider is built for, by normalised arch name.
 TARGETS = {
@@ -34,6 +35,9 @@ TARGETS = {
     "sm_90": GPUTarget("cuda", 90, 32),
     "sm_100": GPUTarget("cuda", 100, 32),
 }
+
+#: Triton's pointer element type for each torch fp8 flavour (fp8e4b8 is AMD's e4m3fnuz).
+TRITON_FP8 = {"float8_e4m3fn": "fp8e4nv", "float8_e4m3fnuz": "fp8e4b8"}
 
 _ALIGNED = ("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "out_ptr",
             "stride_qm", "stride_qh", "stride_kn", "stride_wm", "stride_om")
@@ -51,20 +55,27 @@ def _target(name: str) -> GPUTarget:
 
 
 def compile_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig | None = None,
-                clean_logits: bool = True, **extra: Any) -> dict[str, Any]:
+                clean_logits: bool = True, q_dtype: str | None = None, k_dtype: str | None = None,
+                **extra: Any) -> dict[str, Any]:
     """Compile the kernel for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``) and return its asm
     dict (``ttgir``, ``ptx``/``cubin`` or ``amdgcn``/``hsaco``, ...), plus the compiled kernel's
-    metadata under ``"metadata"``. q/k are e4m3fnuz on gfx942, e4m3fn elsewhere."""
+    metadata under ``"metadata"``.
+
+    ``q_dtype``/``k_dtype`` (torch names, :data:`TRITON_FP8`) are the pointer types the kernel is
+    built for; by default e4m3fnuz on gfx942 and e4m3fn elsewhere, what the launcher passes for
+    e4m3fn inputs."""
     tgt = _target(target)
     arch = target if target in TARGETS else next(k for k, v in TARGETS.items() if v == tgt)
     cfg = config or default_config(arch, h)
-    fp8 = "*fp8e4b8" if wants_fnuz(arch) else "*fp8e4nv"
+    native = "float8_e4m3fnuz" if wants_fnuz(arch) else "float8_e4m3fn"
+    q_fp8, k_fp8 = (f"*{_triton_fp8(t or native)}" for t in (q_dtype, k_dtype))
     fn = kernel(interpret=False)
     tma = cfg.tma and tgt.backend == "cuda"
     consts = {"stride_kscale": 1, **constexprs(cfg, h, d, clean_logits, tma=tma), **extra}
     if not tma:
         consts["k_desc"] = None
-    types = {"q_ptr": fp8, "k_ptr": fp8, "k_desc": f"tensordesc<{fp8[1:]}[{cfg.block_n},{consts['D_PAD']}]>",
+    types = {"q_ptr": q_fp8, "k_ptr": k_fp8,
+             "k_desc": f"tensordesc<{k_fp8[1:]}[{cfg.block_n},{consts['D_PAD']}]>",
              "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32",
              "ke_ptr": "*i32", "out_ptr": "*fp32"}
     for p in fn.params:  # constexprs left at their defaults
@@ -80,9 +91,43 @@ def compile_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig 
     return asm
 
 
+def _triton_fp8(dtype: str) -> str:
+    name = dtype.removeprefix("torch.")
+    if name not in TRITON_FP8:
+        raise ValueError(f"no Triton fp8 type for {dtype!r}; known: {', '.join(TRITON_FP8)}")
+    return TRITON_FP8[name]
+
+
 def mfma_ops(asm: dict[str, Any]) -> collections.Counter[str]:
     """Count of each ``v_mfma*`` instruction in an AMD build's ISA."""
     return collections.Counter(re.findall(r"^\s*(v_mfma_\w+)", asm["amdgcn"], re.MULTILINE))
+
+
+#: gfx950's f8f6f4 MFMAs take each operand's format from a modifier: cbsz for A, blgp for B.
+F8F6F4_FORMATS = {0: "fp8 e4m3", 1: "bf8 e5m2", 2: "fp6 e2m3", 3: "bf6 e3m2", 4: "fp4 e2m1"}
+
+
+def mfma_formats(asm: dict[str, Any]) -> collections.Counter[tuple[str, str, str]]:
+    """Count of ``(instruction, A format, B format)`` over the ``v_mfma*`` of an AMD build.
+
+    For the f8f6f4 instructions the formats come from ``cbsz``/``blgp`` (absent means 0, fp8 e4m3);
+    for the others from the name (``..._fp8_fp8``: both fp8 in the arch's own encoding, which is
+    e4m3fnuz on gfx942).
+    """
+    out: collections.Counter[tuple[str, str, str]] = collections.Counter()
+    for line in asm["amdgcn"].splitlines():
+        m = re.match(r"\s*(v_mfma_\w+)", line)
+        if not m:
+            continue
+        op = m.group(1)
+        if op.endswith("f8f6f4"):
+            a, b = (int(x.group(1)) if (x := re.search(rf"{k}:(\d+)", line)) else 0
+                    for k in ("cbsz", "blgp"))
+            out[op, F8F6F4_FORMATS.get(a, str(a)), F8F6F4_FORMATS.get(b, str(b))] += 1
+        else:
+            kinds = op.split("_")[-2:]
+            out[op, kinds[0], kinds[1]] += 1
+    return out
 
 
 @dataclass(frozen=True)
