@@ -92,7 +92,7 @@ def test_fork_while_another_thread_discovers_gives_a_usable_registry(install_dis
         wait_for(marker)  # the thread holds the registry lock, inside the plugin's import
         view, seconds = fork_and_ask(child_view, timeout=20)
         discovering.join()
-    assert seconds < 3.5, "the child waited for the parent's discovery thread, which it does not have"
+    assert seconds < 15, "the child waited for a thread it does not have"
     assert view["provider"] == "torch_ref" and view["shape"] == [3, 9]
     assert "was being imported by another thread when this process forked" in view["reasons"]["slow"]
     assert got == ["slow"]  # the parent's own discovery finished normally
@@ -111,7 +111,7 @@ def test_fork_while_another_thread_loads_a_kernel_module(install_dist, tmp_path)
     wait_for(marker)
     view, seconds = fork_and_ask(child_view, timeout=20)
     loading.join()
-    assert seconds < 3.5
+    assert seconds < 15
     assert view["provider"] == "torch_ref"
     assert "[import]" in view["reasons"]["slow"] and "forked" in view["reasons"]["slow"]
     assert mqa_core.get_provider("cpu").name == "slow"  # the parent is unaffected
