@@ -1,31 +1,38 @@
 """mqa-core: pick the best installed fp8 MQA-logits kernel for this device, and say why.
 
 Providers are separate distributions that register a :class:`ProviderSpec` through the
-``mqa_core.providers`` entry point group; see ``docs/writing-a-provider.md``.
+``mqa_core.providers`` entry point group; see ``docs/writing-a-provider.md`` and ``docs/hooks.md``.
 """
 
 from .api import explain, fp8_mqa_logits, fp8_paged_mqa_logits, get_provider, reload
 from .arch import KNOWN_ARCHS, detect_arch, normalize_arch
 from .decision import Candidate, Decision
-from .discovery import BrokenPlugin
-from .errors import PluginError, ProviderUnavailableError
+from .discovery import BrokenPlugin, PluginInfo
+from .errors import PluginError, ProviderResultError, ProviderUnavailableError, SettingsError
 from .hookspecs import hookimpl
 from .provider import Provider
-from .spec import DTYPES, OPS, Problem, ProviderSpec
+from .settings import env_positive_number
+from .spec import DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
 
 __all__ = [
     "BrokenPlugin",
     "Candidate",
     "DTYPES",
+    "DTYPE_PAIRS",
     "Decision",
     "KNOWN_ARCHS",
     "OPS",
+    "PairsByArch",
     "PluginError",
+    "PluginInfo",
     "Problem",
     "Provider",
+    "ProviderResultError",
     "ProviderSpec",
     "ProviderUnavailableError",
+    "SettingsError",
     "detect_arch",
+    "env_positive_number",
     "explain",
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",

@@ -1,4 +1,8 @@
-"""The public entry points: choose a provider, explain the choice, run the ops."""
+"""The public entry points: choose a provider, explain the choice, run the ops.
+
+Each request reads the registry's state once and passes that snapshot down (never a second
+``state()`` deep inside), so a concurrent :func:`reload` cannot mix two states in one answer.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from . import registry, validate
 from .arch import arch_of_device, detect_arch, normalize_arch
 from .decision import Decision
 from .provider import Provider
-from .spec import OPS, Problem
+from .spec import OPS, Pair, Problem, dtype_name, dtype_pair
 
 if TYPE_CHECKING:
     import torch
@@ -16,28 +20,33 @@ if TYPE_CHECKING:
 DEFAULT_OP = "fp8_mqa_logits"
 
 
-def _normalize(arch: str | None, op: str, dtype: Any) -> tuple[str, str | None]:
+def _normalize(arch: str | None, op: str, dtype: Any) -> tuple[str, Pair | None]:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {', '.join(OPS)}")
     arch = detect_arch() if arch is None else normalize_arch(arch)
-    return arch, None if dtype is None else validate.dtype_name(dtype)
+    return arch, dtype_pair(dtype)
 
 
 def get_provider(arch: str | None = None, *, op: str = DEFAULT_OP, dtype: Any = None,
                  problem: Problem | None = None) -> Provider:
     """The provider that serves ``op`` on ``arch`` (None: this process's current device).
 
-    For an explicit arch the answer is what would serve that arch with what is installed here.
-    Raises :class:`ProviderUnavailableError` (a LookupError) with every provider's reason when none
-    can, or when ``MQA_PROVIDER`` names providers none of which can.
+    ``dtype`` is None (any), a q dtype meaning q and k alike, or a ``(q_dtype, k_dtype)`` pair;
+    torch dtypes or their names. For an explicit arch the answer is what would serve that arch with
+    what is installed here. Raises :class:`ProviderUnavailableError` (a LookupError) with every
+    provider's reason when none can, or when ``MQA_PROVIDER`` names providers none of which can.
     """
-    key = (arch, op, dtype)
+    s = registry.state()
+    key: tuple[object, str, object] | None = (arch, op, dtype)
     if problem is None and arch is not None:
-        provider = registry.state().fast.get(key)
+        try:
+            provider = s.fast.get(key)  # type: ignore[arg-type]
+        except TypeError:  # an unhashable dtype (a list): take the slow path
+            provider = key = None
         if provider is not None:
             return provider
-    a, d = _normalize(arch, op, dtype)
-    return registry.provider_for(a, op, d, problem, fast_key=key if arch is not None else None)
+    a, pair = _normalize(arch, op, dtype)
+    return registry.provider_for(a, op, pair, problem, fast_key=key if arch is not None else None, s=s)
 
 
 def explain(arch: str | None = None, *, op: str = DEFAULT_OP, dtype: Any = None,
@@ -46,42 +55,50 @@ def explain(arch: str | None = None, *, op: str = DEFAULT_OP, dtype: Any = None,
 
     The chosen provider's kernel object is loaded, so a provider that fails to import shows as
     rejected ("import") and the next one is chosen, exactly as :func:`get_provider` would.
+    ``dtype`` as for :func:`get_provider`; the decision shows the pair asked for and what every
+    provider declares on ``arch``.
     """
-    a, d = _normalize(arch, op, dtype)
+    s = registry.state()
+    a, pair = _normalize(arch, op, dtype)
     try:
-        registry.provider_for(a, op, d, problem)
+        registry.provider_for(a, op, pair, problem, s=s)
     except LookupError:
         pass
-    return registry.decision(a, op, d, problem)
+    return registry.decision(a, op, pair, problem, s=s)
 
 
 def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", weights: "torch.Tensor",
                    cu_seqlen_ks: "torch.Tensor", cu_seqlen_ke: "torch.Tensor", *,
                    clean_logits: bool = True) -> "torch.Tensor":
-    """fp8 MQA logits, served by the provider chosen for ``q``'s device, dtype and shape.
+    """fp8 MQA logits, served by the provider chosen for ``q``'s device, the (q, k) dtype pair and shape.
 
     ``logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n])`` for
     ``max(ks[m], 0) <= n < min(ke[m], N)``, ``-inf`` elsewhere when ``clean_logits``.
     """
-    full = registry.state().settings.validate_full
-    problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, full=full)
+    s = registry.state()
+    problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
+                                       full=s.settings.validate_full)
     provider = registry.provider_for(arch_of_device(q.device), "fp8_mqa_logits",
-                                     validate.dtype_name(q.dtype), problem)
-    # Selection matched the provider to q's arch, dtype and shape: validating again would only cost.
-    return provider.impl.fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits=clean_logits)
+                                     (dtype_name(q.dtype), dtype_name(kv[0].dtype)), problem, s=s)
+    # Selection matched the provider to q's arch, dtype pair and shape: validating again would only cost.
+    return provider.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
 
 def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
                          context_lens: "torch.Tensor", block_tables: "torch.Tensor",
                          max_context_len: int, *, clean_logits: bool = True) -> "torch.Tensor":
-    """The decode variant over a paged fp8 cache; see the docs for the block layout."""
-    full = registry.state().settings.validate_full
+    """The decode variant over a paged fp8 cache; see the docs for the block layout.
+
+    The cache holds bytes of q's fp8 flavour, so the provider is chosen on the pair (q, q).
+    """
+    s = registry.state()
     problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
-                                             max_context_len, clean_logits, full=full)
-    provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits",
-                                     validate.dtype_name(q.dtype), problem)
-    return provider.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                              max_context_len, clean_logits=clean_logits)
+                                             max_context_len, clean_logits, full=s.settings.validate_full)
+    name = dtype_name(q.dtype)
+    provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits", (name, name),
+                                     problem, s=s)
+    return provider.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
+                                         max_context_len, clean_logits)
 
 
 def reload() -> None:

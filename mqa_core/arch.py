@@ -11,42 +11,48 @@ import functools
 import re
 from typing import Any
 
-#: Every arch name a spec may declare. NVIDIA by compute capability, AMD by gfx target.
+#: Archs the shipped providers are written and tested for: documentation only. Any well-formed
+#: name is accepted (``sm_XY[Z]``, ``gfxNNN[N]``, ``cpu``) and providers decide whether they serve it.
 KNOWN_ARCHS = (
     "cpu",
     "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121",
-    "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201",
+    "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201",
 )
 #: A spec that declares this serves every arch (the reference provider).
 ANY_ARCH = "any"
 
-_SM = re.compile(r"^(?:sm|compute)_?(\d{2,3})a?$")
-_CC = re.compile(r"^(\d{1,2})\.(\d)$")
-_GFX = re.compile(r"^(gfx[0-9a-f]{3,4})(?::.*)?$")
-_ACCEPTED = "sm_90 / sm90 / SM_90 / sm_90a / 9.0, gfx942 / gfx950:sramecc+:xnack-, cpu"
+_SM = re.compile(r"(?:sm|compute)_?(\d{2,3})[af]?")
+_CC = re.compile(r"(\d{1,2})\.(\d)")
+_GFX = re.compile(r"(gfx\d{2,3}[0-9a-f])(?::[a-z0-9+\-:]*)?")
+_ACCEPTED = ("sm_XY[Z] (sm_90, sm90, SM_90, sm_90a, compute_90, 9.0, sm_100, sm_121), "
+             "gfxNNN[N] (gfx942, gfx950:sramecc+:xnack-, gfx90a, gfx1151) and cpu")
 
 
 def normalize_arch(name: str) -> str:
-    """Return the canonical spelling of ``name`` or raise ValueError listing the accepted forms."""
+    """The canonical spelling of a well-formed arch name; ValueError with the accepted forms otherwise.
+
+    Whether an arch is served is for the providers to say: ``sm_91`` or ``gfx1151`` are accepted here.
+    """
     if not isinstance(name, str):
         raise TypeError(f"arch must be a str, got {type(name).__name__}")
+    return _normalize(name)
+
+
+@functools.lru_cache(maxsize=256)
+def _normalize(name: str) -> str:
     text = name.strip().lower()
     if text == "cpu":
         return "cpu"
-    m = _SM.match(text)
+    m = _SM.fullmatch(text)
     if m:
-        arch = f"sm_{m.group(1)}"
-    elif _CC.match(text):
-        major, minor = _CC.match(text).groups()  # type: ignore[union-attr]
-        arch = f"sm_{major}{minor}"
-    elif _GFX.match(text):
-        arch = _GFX.match(text).group(1)  # type: ignore[union-attr]
-    else:
-        arch = ""
-    if arch not in KNOWN_ARCHS:
-        raise ValueError(f"unknown arch {name!r}: accepted forms are {_ACCEPTED}; "
-                         f"known archs: {', '.join(KNOWN_ARCHS)}")
-    return arch
+        return f"sm_{m.group(1)}"
+    m = _CC.fullmatch(text)
+    if m:
+        return f"sm_{m.group(1)}{m.group(2)}"
+    m = _GFX.fullmatch(text)
+    if m:
+        return m.group(1)
+    raise ValueError(f"malformed arch {name!r}: accepted forms are {_ACCEPTED}")
 
 
 def arch_of_device(device: Any) -> str:

@@ -9,10 +9,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .names import names_provider
 from .spec import Problem
 
 #: Rejection codes, in the order selection tests them.
-CODES = ("broken", "blocked", "op", "arch", "dtype", "shape", "check", "import", "preference")
+CODES = ("broken", "blocked", "ambiguous", "op", "arch", "dtype", "shape", "check", "import", "preference")
+
+
+def _short(dtype: str) -> str:
+    return dtype.removeprefix("float8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,15 @@ class Candidate:
     priority: int | None = None
     distribution: str = ""
     version: str = ""
+    #: The (q dtype, k dtype) pairs it declares on the decision's arch.
+    pairs: tuple[tuple[str, str], ...] = ()
+    #: Seconds its plugin's import took (None when unknown).
+    import_seconds: float | None = None
+
+    @property
+    def id(self) -> str:
+        """``distribution:name``, what ``MQA_PROVIDER`` accepts to pick this one."""
+        return f"{self.distribution}:{self.name}"
 
     @property
     def origin(self) -> str:
@@ -38,21 +52,37 @@ class Decision:
 
     arch: str
     op: str
-    dtype: str | None
+    #: The (q dtype, k dtype) pair asked for; None when any.
+    dtype: tuple[str, str] | None
     problem: Problem | None
     candidates: tuple[Candidate, ...]
+    #: The chosen provider's name (see ``chosen_distribution`` for which one, names can collide).
     chosen: str | None
     why: str
+    chosen_distribution: str = ""
 
     @property
     def accepted(self) -> tuple[Candidate, ...]:
         return tuple(c for c in self.candidates if c.accepted)
 
-    def candidate(self, name: str) -> Candidate:
+    @property
+    def chosen_candidate(self) -> Candidate | None:
         for c in self.candidates:
-            if c.name == name:
+            if c.accepted and c.name == self.chosen and c.distribution == self.chosen_distribution:
                 return c
-        raise KeyError(name)
+        return None
+
+    def candidate(self, ref: str) -> Candidate:
+        """The candidate named ``ref`` (``name`` or ``distribution:name``); KeyError when none is, or
+        when two distributions claim the name (then pass ``distribution:name``)."""
+        found = [c for c in self.candidates if c.code != "broken" and names_provider(ref, c.distribution, c.name)]
+        if not found:  # a broken plugin, by its entry-point name
+            found = [c for c in self.candidates if c.code == "broken" and c.name == ref]
+        if len(found) > 1:
+            raise KeyError(f"{ref!r} is claimed by {', '.join(c.id for c in found)}: pass distribution:name")
+        if not found:
+            raise KeyError(ref)
+        return found[0]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -62,18 +92,24 @@ class Decision:
     def __str__(self) -> str:
         head = f"fp8 MQA provider decision for arch={self.arch} op={self.op}"
         if self.dtype:
-            head += f" dtype={self.dtype}"
+            head += f" q={self.dtype[0]} k={self.dtype[1]}"
         if self.problem is not None:
             head += f" shape {self.problem}"
-        rows = [("", "provider", "from", "priority", "status")]
+        rows = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "status")]
         for c in self.candidates:
-            mark = "*" if c.name == self.chosen else ""
+            mark = "*" if c.name == self.chosen and c.distribution == self.chosen_distribution and c.accepted else ""
             status = "accepted" if c.accepted else f"rejected [{c.code}] {c.reason}"
             prio = "" if c.priority is None else str(c.priority)
-            rows.append((mark, c.name, c.origin, prio, status))
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+            imp = "" if c.import_seconds is None else f"{c.import_seconds * 1e3:.0f} ms"
+            pairs = " ".join(f"{_short(q)}/{_short(k)}" for q, k in c.pairs)
+            rows.append((mark, c.name, c.origin, prio, imp, pairs, status))
+        n = len(rows[0]) - 1
+        widths = [max(len(r[i]) for r in rows) for i in range(n)]
         lines = [head]
         for r in rows:
-            lines.append("  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
-        lines.append(f"chosen: {self.chosen or 'none'}: {self.why}")
+            lines.append("  ".join(r[i].ljust(widths[i]) for i in range(n)) + "  " + r[n])
+        chosen = self.chosen or "none"
+        if self.chosen and self.chosen_distribution:
+            chosen += f" ({self.chosen_distribution})"
+        lines.append(f"chosen: {chosen}: {self.why}")
         return "\n".join(lines)

@@ -3,12 +3,23 @@
 pluggy's ``load_setuptools_entrypoints`` stops at the first plugin that fails to import; here every
 entry point is loaded, registered and called on its own, so one broken third-party package is
 recorded (and shown by ``mqa explain``) while every other provider keeps working.
+
+Trust boundaries (see docs/hooks.md):
+- every call into plugin code (the import, pluggy's registration, the hook) may raise anything,
+  ``SystemExit`` included; it is recorded as that plugin's failure. Only ``KeyboardInterrupt``
+  propagates: it is the user's, not the plugin's;
+- a plugin is valid as a whole or not at all: one bad item in what its hook returns and none of its
+  specs are used;
+- ``MQA_PLUGINS`` is decided before any import: an entry point it leaves out is never imported;
+- a spec's distribution and version are the installed distribution's, never what the plugin says.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import logging
+import threading
+import time
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -18,10 +29,14 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution
 from .settings import Settings
 from .spec import ProviderSpec
 
 log = logging.getLogger("mqa_core")
+
+#: A plugin whose import takes longer than this is warned about (every caller waits for discovery).
+SLOW_IMPORT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,10 +48,26 @@ class BrokenPlugin:
     version: str
     stage: str  # import | register | hook | spec | duplicate
     error: str
+    import_seconds: float | None = None
 
     def __str__(self) -> str:
         origin = f"{self.distribution}=={self.version}" if self.distribution else "?"
         return f"plugin {self.entry_point!r} ({origin}) is broken at {self.stage}: {self.error}"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One entry point of the group and what became of it."""
+
+    entry_point: str
+    value: str
+    distribution: str
+    version: str
+    status: str  # loaded | skipped | broken
+    #: Seconds its import took; None when it was not imported.
+    import_seconds: float | None = None
+    #: Names of the providers it contributed.
+    providers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +77,17 @@ class Discovery:
     specs: tuple[ProviderSpec, ...]
     broken: tuple[BrokenPlugin, ...]
     skipped: tuple[str, ...]  # entry points not loaded because MQA_PLUGINS left them out
+    #: Every entry point seen, loaded or not, in discovery order.
+    plugins: tuple[PluginInfo, ...] = ()
+
+    def import_seconds(self) -> dict[str, float]:
+        """Spec id -> seconds its plugin's import took."""
+        out: dict[str, float] = {}
+        for p in self.plugins:
+            if p.import_seconds is not None:
+                for name in p.providers:
+                    out[f"{p.distribution}:{name}"] = p.import_seconds
+        return out
 
 
 def _dist(ep: Any) -> tuple[str, str]:
@@ -63,65 +105,180 @@ def _entry_points() -> list[Any]:
     return [unique[k] for k in sorted(unique)]
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def describe_error(exc: BaseException) -> str:
+    """``"Type: message"``; safe against an exception whose ``str()`` itself raises."""
+    try:
+        text = str(exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        text = "<str() of the exception raised>"
+    return f"{type(exc).__name__}: {text}"
 
 
-def discover(settings: Settings, entry_points: Iterable[Any] | None = None) -> Discovery:
-    """Load the plugins allowed by ``settings`` and collect their specs."""
+class _Failed(Exception):
+    def __init__(self, stage: str, error: str) -> None:
+        super().__init__(error)
+        self.stage, self.error = stage, error
+
+
+def _collect(pm: pluggy.PluginManager, plugin: Any, ep: Any, dist: str, version: str) -> list[ProviderSpec]:
+    """The plugin's specs, all of them valid, or :class:`_Failed` for the whole plugin."""
+    try:
+        pm.register(plugin, name=f"{ep.name}:{dist}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        raise _Failed("register", describe_error(exc)) from None
+    impls = [i for i in pm.hook.mqa_providers.get_hookimpls() if i.plugin is plugin]
+    if not impls:
+        raise _Failed("hook", "defines no @mqa_core.hookimpl mqa_providers()")
+    specs: list[ProviderSpec] = []
+    for impl in impls:
+        try:
+            returned = impl.function()
+            if not isinstance(returned, (list, tuple)):
+                raise TypeError(f"mqa_providers() returned {type(returned).__name__}, "
+                                "expected a list of ProviderSpec")
+            items = list(returned)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            raise _Failed("hook", describe_error(exc)) from None
+        for spec in items:
+            if type(spec) is not ProviderSpec:
+                raise _Failed("spec", f"returned {type(spec).__name__}, not a ProviderSpec; "
+                                      "a plugin is used whole or not at all")
+            specs.append(spec)
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise _Failed("spec", f"returns more than one provider named {', '.join(twice)}")
+    out = []
+    for spec in specs:
+        if spec.distribution and dist and normalize_distribution(spec.distribution) != normalize_distribution(dist):
+            raise _Failed("spec", f"provider {spec.name!r} says it comes from {spec.distribution!r}, but "
+                                  f"{dist}=={version} installed it")
+        try:  # replace() validates again: a spec altered after construction is caught here
+            out.append(replace(spec, distribution=dist or spec.distribution, version=version or spec.version))
+        except ValueError as exc:
+            raise _Failed("spec", str(exc)) from None
+    return out
+
+
+def _watch_slow_import(ep: Any, dist: str) -> threading.Timer:
+    """Log while an import is still running after :data:`SLOW_IMPORT_S`: the hint a hang needs."""
+    def still_running() -> None:
+        log.warning("mqa_core: importing plugin %r (%s) has taken over %.0f s and is still running; every "
+                    "mqa_core caller waits for discovery (leave it out with MQA_PLUGINS)",
+                    ep.name, dist or "?", SLOW_IMPORT_S)
+
+    timer = threading.Timer(SLOW_IMPORT_S, still_running)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _module_of(value: str) -> str:
+    return value.partition(":")[0].strip()
+
+
+def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
+             forbidden: frozenset[str] = frozenset(), inflight: set[str] | None = None) -> Discovery:
+    """Load the plugins allowed by ``settings`` and collect their specs.
+
+    :param forbidden: modules never to import (their import was cut off by a fork; see registry).
+    :param inflight: a set this adds a module to while importing it, so that a fork can tell.
+    """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
     specs: dict[str, ProviderSpec] = {}
     broken: list[BrokenPlugin] = []
     skipped: list[str] = []
+    plugins: list[PluginInfo] = []
     for ep in _entry_points() if entry_points is None else entry_points:
         dist, version = _dist(ep)
 
-        def fail(stage: str, error: str) -> None:
-            broken.append(BrokenPlugin(ep.name, dist, version, stage, error))
+        def record(status: str, seconds: float | None, provided: tuple[str, ...] = ()) -> None:
+            plugins.append(PluginInfo(ep.name, ep.value, dist, version, status, seconds, provided))
 
-        if settings.plugins is not None and ep.name not in settings.plugins:
+        def fail(stage: str, error: str, seconds: float | None) -> None:
+            broken.append(BrokenPlugin(ep.name, dist, version, stage, error, seconds))
+            record("broken", seconds)
+
+        if settings.plugins is not None and not any(names_plugin(r, ep.name, dist) for r in settings.plugins):
             skipped.append(ep.name)
+            record("skipped", None)
             continue
+        module = _module_of(ep.value)
+        if any(module == m or module.startswith(m + ".") or m.startswith(module + ".") for m in forbidden):
+            fail("import", f"{module} was being imported by another thread when this process forked; "
+                           "importing it again here would deadlock (it loads in a fresh process)", None)
+            continue
+        t0 = time.perf_counter()
+        watch = _watch_slow_import(ep, dist)
+        if inflight is not None:
+            inflight.add(module)
         try:
             plugin = ep.load()
+        except KeyboardInterrupt:
+            raise
         except BaseException as exc:  # a plugin's import may raise anything, SystemExit included
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            fail("import", _error(exc))
+            fail("import", describe_error(exc), time.perf_counter() - t0)
             continue
+        finally:
+            watch.cancel()
+            if inflight is not None:
+                inflight.discard(module)
+        seconds = time.perf_counter() - t0
+        if seconds > SLOW_IMPORT_S:
+            msg = (f"mqa_core: importing plugin {ep.name!r} ({dist or '?'}) took {seconds:.1f} s; every "
+                   f"caller waits for discovery (leave it out with MQA_PLUGINS)")
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
         try:
-            pm.register(plugin, name=f"{ep.name}:{dist}")
-        except Exception as exc:
-            fail("register", _error(exc))
+            found = _collect(pm, plugin, ep, dist, version)
+        except _Failed as exc:
+            fail(exc.stage, exc.error, seconds)
             continue
-        impls = [i for i in pm.hook.mqa_providers.get_hookimpls() if i.plugin is plugin]
-        if not impls:
-            fail("hook", "defines no @mqa_core.hookimpl mqa_providers()")
+        taken = [s for s in found if s.id in specs]
+        if taken:
+            fail("duplicate", f"{dist or '?'} already registered provider "
+                              f"{', '.join(repr(s.name) for s in taken)} through another entry point", seconds)
             continue
-        for impl in impls:
-            try:
-                returned = impl.function()
-                if not isinstance(returned, (list, tuple)):
-                    raise TypeError(f"mqa_providers() returned {type(returned).__name__}, "
-                                    "expected a list of ProviderSpec")
-            except Exception as exc:
-                fail("hook", _error(exc))
-                continue
-            for spec in returned:
-                if not isinstance(spec, ProviderSpec):
-                    fail("spec", f"returned {type(spec).__name__} {spec!r:.80}, not a ProviderSpec")
-                    continue
-                if spec.name in specs:
-                    taken = specs[spec.name]
-                    fail("duplicate", f"provider name {spec.name!r} is already taken by "
-                                      f"{taken.distribution or '?'}=={taken.version or '?'}")
-                    continue
-                specs[spec.name] = replace(spec, distribution=spec.distribution or dist,
-                                           version=spec.version or version)
+        for spec in found:
+            specs[spec.id] = spec
+        record("loaded", seconds, tuple(s.name for s in found))
     for b in broken:
         if settings.strict:
-            raise PluginError(f"{b} (MQA_STRICT_PLUGINS=1)")
+            raise PluginError(f"{b} (MQA_STRICT_PLUGINS is on)")
         log.warning("%s; its providers are ignored", b)
         warnings.warn(f"mqa_core: {b}; its providers are ignored", RuntimeWarning, stacklevel=3)
-    return Discovery(tuple(specs[k] for k in sorted(specs)), tuple(broken), tuple(skipped))
+    ordered = sorted(specs.values(), key=lambda s: (s.name, normalize_distribution(s.distribution)))
+    return Discovery(tuple(ordered), tuple(broken), tuple(skipped), tuple(plugins))
+
+
+def unknown_names(settings: Settings, found: Discovery) -> list[str]:
+    """One message per ``MQA_*`` list entry that names nothing installed (a typo fails open)."""
+    installed = ", ".join(f"{s.name} ({s.distribution or '?'})" for s in found.specs) or "none"
+    plugins = ", ".join(f"{p.entry_point} ({p.distribution or '?'})" for p in found.plugins) or "none"
+    dists = {normalize_distribution(p.distribution) for p in found.plugins if p.distribution}
+    out = []
+    missing = [r for r in settings.preference
+               if not any(names_provider(r, s.distribution, s.name) for s in found.specs)]
+    if missing:
+        out.append(f"MQA_PROVIDER names {', '.join(missing)}, which no installed provider is "
+                   f"(installed: {installed})")
+    missing = [r for r in sorted(settings.disabled)
+               if not any(names_provider_or_distribution(r, s.distribution, s.name) for s in found.specs)
+               and not (":" not in r and normalize_distribution(r) in dists)]
+    if missing:
+        out.append(f"MQA_DISABLE_PROVIDERS names {', '.join(missing)}, which matches no installed provider "
+                   f"or distribution, so it blocks nothing (installed: {installed})")
+    if settings.plugins is not None:
+        missing = [r for r in sorted(settings.plugins)
+                   if not any(names_plugin(r, p.entry_point, p.distribution) for p in found.plugins)]
+        if missing:
+            out.append(f"MQA_PLUGINS names {', '.join(missing)}, which matches no installed plugin "
+                       f"(entry points: {plugins})")
+    return out

@@ -13,4 +13,19 @@ class ProviderUnavailableError(LookupError):
 
 
 class PluginError(RuntimeError):
-    """A provider plugin is broken; raised instead of isolated when ``MQA_STRICT_PLUGINS=1``."""
+    """A provider plugin is broken; raised instead of isolated when ``MQA_STRICT_PLUGINS`` is on."""
+
+
+class SettingsError(ValueError):
+    """An ``MQA_*`` environment variable has a value mqa_core does not accept; the message names it."""
+
+
+class ProviderResultError(RuntimeError):
+    """A provider's kernel returned something that breaks the op's contract (type, shape, dtype,
+    device, layout, or with ``MQA_VALIDATE=full`` non-finite values); the message names the provider,
+    its distribution, what was expected and what came back."""
+
+    def __init__(self, message: str, provider: str = "", distribution: str = "") -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.distribution = distribution

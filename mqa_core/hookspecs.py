@@ -25,6 +25,12 @@ def mqa_providers() -> Sequence[ProviderSpec]:
     offer several, each under its own name). Keep it cheap: build specs from constants, import no
     kernel library here; put imports behind ``ProviderSpec.load`` and ``ProviderSpec.check``.
 
+    Trust: whatever this hook (or the module's import, a spec's ``check``, ``shape_limits`` or
+    ``load``) raises, ``SystemExit`` included, is recorded as this plugin's failure; a plugin is
+    used whole or not at all, so one invalid item discards every spec it returns. A provider name
+    another distribution also claims is ambiguous until the user picks ``distribution:name``.
+    See ``docs/hooks.md``.
+
     :return: the specs; an empty sequence when this plugin offers nothing on this system.
 
     Example, in ``my_provider/plugin.py`` registered as
@@ -34,8 +40,9 @@ def mqa_providers() -> Sequence[ProviderSpec]:
 
         @hookimpl
         def mqa_providers():
-            return [ProviderSpec(name="my", ops={"fp8_mqa_logits"}, archs={"sm_90"},
-                                 dtypes={"float8_e4m3fn"}, priority=100,
-                                 load="my_provider.kernel:PROVIDER")]
+            return [ProviderSpec(name="my", ops={"fp8_mqa_logits"}, archs={"sm_90", "gfx942"},
+                                 dtype_pairs={"gfx942": [("float8_e4m3fnuz", "float8_e4m3fnuz")],
+                                              "any": [("float8_e4m3fn", "float8_e4m3fn")]},
+                                 priority=100, load="my_provider.kernel:PROVIDER")]
     """
     raise NotImplementedError

@@ -1,4 +1,9 @@
-"""A chosen provider: its spec, its loaded kernel object, and the ops with validation in front."""
+"""A chosen provider: its spec, its loaded kernel object, and the ops with checks on both sides.
+
+Arguments are validated before the kernel runs; what the kernel returns is checked against the op's
+contract before the caller sees it (:mod:`mqa_core.result`), so a provider that returns a wrong
+shape, dtype or device, or a list, is named instead of passed on.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import validate
-from .spec import ProviderSpec
+from .errors import ProviderResultError
+from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
     import torch
@@ -22,21 +28,34 @@ def load_object(path: str) -> Any:
 
 
 class Provider:
-    """What :func:`mqa_core.get_provider` returns. Calls are validated, then passed to the kernel."""
+    """What :func:`mqa_core.get_provider` returns. Calls are validated, passed to the kernel, and its
+    result is checked."""
 
-    __slots__ = ("spec", "impl", "_validate_full")
+    __slots__ = ("spec", "impl", "_validate_full", "_result")
 
     def __init__(self, spec: ProviderSpec, impl: Any, validate_full: bool = False) -> None:
         for op in spec.ops:
             if not callable(getattr(impl, op, None)):
                 raise TypeError(f"{spec.load} has no method {op}() although the spec declares it")
+        from . import result  # imports torch: only once a kernel is loaded
+
         self.spec = spec
         self.impl = impl
         self._validate_full = validate_full
+        self._result = result
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def distribution(self) -> str:
+        return self.spec.distribution
+
+    @property
+    def id(self) -> str:
+        """``distribution:name``."""
+        return self.spec.id
 
     def __repr__(self) -> str:
         return f"<mqa_core.Provider {self.name} from {self.spec.distribution}=={self.spec.version}>"
@@ -46,15 +65,33 @@ class Provider:
             raise NotImplementedError(f"provider {self.name} does not serve {op} "
                                       f"(declares {', '.join(sorted(self.spec.ops))})")
 
+    def _exited(self, op: str, exc: SystemExit) -> ProviderResultError:
+        return ProviderResultError(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}) "
+                                   f"raised SystemExit({exc.code!r}) from {op} instead of returning logits",
+                                   self.name, self.spec.distribution)
+
     def fp8_mqa_logits(self, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
                        weights: "torch.Tensor", cu_seqlen_ks: "torch.Tensor",
                        cu_seqlen_ke: "torch.Tensor", *, clean_logits: bool = True) -> "torch.Tensor":
         """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in [ks[m], ke[m])."""
         self._require("fp8_mqa_logits")
-        validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
-                                 spec=self.spec, full=self._validate_full)
-        return self.impl.fp8_mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke,
-                                        clean_logits=clean_logits)
+        problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
+                                           spec=self.spec, full=self._validate_full)
+        return self.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+
+    def run_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
+                       weights: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor",
+                       clean_logits: bool) -> "torch.Tensor":
+        """The kernel on arguments already validated (``problem`` is what validation returned), and
+        the check of its result."""
+        try:
+            out = self.impl.fp8_mqa_logits(q, kv, weights, ks, ke, clean_logits=clean_logits)
+        except SystemExit as exc:  # a kernel must not end the caller's process
+            raise self._exited("fp8_mqa_logits", exc) from exc
+        self._result.check_logits(out, self.spec, "fp8_mqa_logits", problem.m, problem.n, q.device)
+        if self._validate_full:
+            self._result.check_mqa_values(out, ks, ke, clean_logits, self.spec)
+        return out
 
     def fp8_paged_mqa_logits(self, q: "torch.Tensor", kv_cache: "torch.Tensor",
                              weights: "torch.Tensor", context_lens: "torch.Tensor",
@@ -62,8 +99,23 @@ class Provider:
                              clean_logits: bool = True) -> "torch.Tensor":
         """The decode variant over a paged fp8 cache (DeepGEMM's block layout)."""
         self._require("fp8_paged_mqa_logits")
-        validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
-                                       max_context_len, clean_logits, spec=self.spec,
-                                       full=self._validate_full)
-        return self.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                              max_context_len, clean_logits=clean_logits)
+        problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
+                                                 max_context_len, clean_logits, spec=self.spec,
+                                                 full=self._validate_full)
+        return self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
+                                         max_context_len, clean_logits)
+
+    def run_paged_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv_cache: "torch.Tensor",
+                             weights: "torch.Tensor", context_lens: "torch.Tensor",
+                             block_tables: "torch.Tensor", max_context_len: int,
+                             clean_logits: bool) -> "torch.Tensor":
+        """As :meth:`run_mqa_logits`, for the paged op."""
+        try:
+            out = self.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
+                                                 max_context_len, clean_logits=clean_logits)
+        except SystemExit as exc:
+            raise self._exited("fp8_paged_mqa_logits", exc) from exc
+        self._result.check_logits(out, self.spec, "fp8_paged_mqa_logits", problem.m, problem.n, q.device)
+        if self._validate_full:
+            self._result.check_paged_values(out, context_lens, q.shape[1], clean_logits, self.spec)
+        return out

@@ -1,44 +1,68 @@
 """The one piece of process state: discovered specs, runtime-check results, plans, loaded providers.
 
-Everything here is filled lazily and guarded by a single lock; reads on the per-call path are one
-dictionary lookup without the lock (a dict read is atomic in CPython and entries are never changed
-once written, only the whole state is replaced by :func:`reload`).
+A :class:`_State` is built once (settings parsed, plugins discovered) and replaced whole by
+:func:`reload`; it is never re-read midway: each request takes one snapshot (:func:`state`) and
+passes it down, so a concurrent ``reload()`` cannot mix two states in one answer. Its caches only
+grow (an entry, once written, never changes) and are written under one lock; reads on the per-call
+path are one dictionary lookup without the lock (a dict read is atomic in CPython).
+
+Fork: a child forked while another thread held the lock (discovering, or importing a kernel module)
+gets a fresh lock. A module that thread was importing is never imported again in the child: its
+import lock belongs to a thread the child does not have, so importing it would hang; it is recorded
+as that plugin's failure instead.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 from .decision import Decision
-from .discovery import Discovery, discover
+from .discovery import Discovery, describe_error, discover, unknown_names
 from .errors import ProviderUnavailableError
 from .provider import Provider, load_object
-from .select import decide, run_check, shape_reason
+from .select import decide, preferred_order, run_check, shape_reason
 from .settings import Settings
-from .spec import Problem, ProviderSpec
+from .spec import Pair, Problem, ProviderSpec
 
 log = logging.getLogger("mqa_core")
 
-PlanKey = tuple[str, str, str | None]  # (arch, op, dtype)
+PlanKey = tuple[str, str, Pair | None]  # (arch, op, (q dtype, k dtype))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The specs that may serve (arch, op, pair), in the order they are tried."""
+
+    specs: tuple[ProviderSpec, ...]
+    chosen: str
+    why: str
 
 
 @dataclass
 class _State:
     settings: Settings
     discovery: Discovery
+    #: (spec id, arch) -> the runtime check's answer.
     checks: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    #: spec id -> why its kernel object failed to load.
     load_errors: dict[str, str] = field(default_factory=dict)
+    #: spec id -> the loaded provider.
     providers: dict[str, Provider] = field(default_factory=dict)
-    #: (arch, op, dtype) -> specs that may serve it, in the order they are tried.
-    plans: dict[PlanKey, tuple[ProviderSpec, ...]] = field(default_factory=dict)
+    plans: dict[PlanKey, _Plan] = field(default_factory=dict)
     #: (raw arch, op, raw dtype) -> provider, for requests without a problem: the hot path.
     fast: dict[tuple[object, str, object], Provider] = field(default_factory=dict)
 
 
 _lock = threading.RLock()
 _state: _State | None = None
+#: Modules plugin code is importing right now, under _lock (what a fork would cut off).
+_inflight: set[str] = set()
+#: Modules whose import a fork cut off in this process: never imported here (it would hang).
+_cut_by_fork: frozenset[str] = frozenset()
 
 
 def state() -> _State:
@@ -54,7 +78,11 @@ def _build() -> _State:
     with _lock:
         if _state is None:
             settings = Settings.from_env()
-            _state = _State(settings, discover(settings))
+            found = discover(settings, forbidden=_cut_by_fork, inflight=_inflight)
+            for message in unknown_names(settings, found):
+                log.warning("mqa_core: %s", message)
+                warnings.warn(f"mqa_core: {message}", RuntimeWarning, stacklevel=4)
+            _state = _State(settings, found)
         return _state
 
 
@@ -65,65 +93,96 @@ def reload() -> None:
         _state = None
 
 
+def _after_fork_in_child() -> None:
+    global _lock, _inflight, _cut_by_fork
+    if _lock.acquire(blocking=False):  # free, or held by the thread that forked: all is consistent
+        _lock.release()
+        return
+    # Held by a thread this child does not have. The state's caches are consistent (each write is
+    # one dict assignment), but the lock will never be released and that thread's import never ends.
+    _lock = threading.RLock()
+    _cut_by_fork = _cut_by_fork | frozenset(_inflight)
+    _inflight = set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _check(s: _State, spec: ProviderSpec, arch: str) -> str | None:
-    key = (spec.name, arch)
+    key = (spec.id, arch)
     if key not in s.checks:
         s.checks[key] = run_check(spec, arch)
     return s.checks[key]
 
 
-def decision(arch: str, op: str, dtype: str | None, problem: Problem | None) -> Decision:
-    """The full trace for a request, as of what has been checked and loaded so far."""
-    s = state()
+def _skipped(s: _State) -> list[str]:
+    return [f"{p.entry_point} ({p.distribution or '?'})" for p in s.discovery.plugins if p.status == "skipped"]
+
+
+def _decide(s: _State, arch: str, op: str, dtype: object, problem: Problem | None) -> Decision:
     with _lock:
         return decide(s.discovery.specs, s.discovery.broken, s.settings, arch=arch, op=op,
                       dtype=dtype, problem=problem, check=lambda sp, a: _check(s, sp, a),
-                      load_errors=s.load_errors)
+                      load_errors=dict(s.load_errors), import_seconds=s.discovery.import_seconds(),
+                      skipped=_skipped(s))
 
 
-def _plan(s: _State, key: PlanKey) -> tuple[ProviderSpec, ...]:
+def decision(arch: str, op: str, dtype: object, problem: Problem | None, *, s: _State | None = None) -> Decision:
+    """The full trace for a request, as of what has been checked and loaded so far in state ``s``
+    (the current state when None)."""
+    return _decide(state() if s is None else s, arch, op, dtype, problem)
+
+
+def _plan(s: _State, key: PlanKey) -> _Plan:
     plan = s.plans.get(key)
     if plan is None:
-        d = decision(*key, None)
-        by_name = {sp.name: sp for sp in s.discovery.specs}
-        names = [c.name for c in d.accepted]
-        if s.settings.preference:
-            names = [n for n in s.settings.preference if n in names]
-        plan = s.plans[key] = tuple(by_name[n] for n in names)
-        log.info("mqa_core: arch=%s op=%s dtype=%s -> %s (%s)", *key, d.chosen or "none", d.why)
+        d = _decide(s, *key, None)
+        by_id = {sp.id: sp for sp in s.discovery.specs}
+        order = preferred_order(d.accepted, s.settings)
+        plan = s.plans[key] = _Plan(tuple(by_id[c.id] for c in order), d.chosen or "none", d.why)
+        log.info("mqa_core: arch=%s op=%s dtype=%s -> %s (%s)", *key, plan.chosen, plan.why)
     return plan
 
 
 def _load(s: _State, spec: ProviderSpec) -> Provider | None:
-    provider = s.providers.get(spec.name)
-    if provider is None and spec.name not in s.load_errors:
+    """The spec's provider, loading its kernel object once; None (and the error recorded) when it fails."""
+    provider = s.providers.get(spec.id)
+    if provider is not None or spec.id in s.load_errors:
+        return provider
+    module = spec.load.partition(":")[0]
+    if any(module == m or module.startswith(m + ".") or m.startswith(module + ".") for m in _cut_by_fork):
+        error = (f"{module} was being imported by another thread when this process forked; importing it "
+                 "again here would hang (it loads in a fresh process)")
+    else:
+        _inflight.add(module)
         try:
-            provider = Provider(spec, load_object(spec.load), s.settings.validate_full)
-        except Exception as exc:
-            s.load_errors[spec.name] = f"{type(exc).__name__}: {exc}"
-            s.plans.clear()  # later plans must see the failure
-            log.warning("mqa_core: provider %s failed to load (%s); it is skipped",
-                        spec.name, s.load_errors[spec.name])
-            return None
-        s.providers[spec.name] = provider
-    return provider
+            s.providers[spec.id] = provider = Provider(spec, load_object(spec.load), s.settings.validate_full)
+            return provider
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a kernel module may raise anything on import, SystemExit included
+            error = describe_error(exc)
+        finally:
+            _inflight.discard(module)
+    s.load_errors[spec.id] = error
+    log.warning("mqa_core: provider %s failed to load (%s); it is skipped", spec.id, error)
+    return None
 
 
-def provider_for(arch: str, op: str, dtype: str | None, problem: Problem | None,
-                 fast_key: tuple[object, str, object] | None = None) -> Provider:
-    """Choose and load the provider for a request, or raise with the whole trace."""
-    s = state()
+def provider_for(arch: str, op: str, dtype: Pair | None, problem: Problem | None,
+                 fast_key: tuple[object, str, object] | None = None, *, s: _State | None = None) -> Provider:
+    """Choose and load the provider for a request in state ``s``, or raise with the whole trace."""
+    s = state() if s is None else s
     with _lock:
-        while True:
-            for spec in _plan(s, (arch, op, dtype)):
-                if problem is not None and shape_reason(spec, problem):
-                    continue
-                provider = _load(s, spec)
-                if provider is None:
-                    break  # the plan was invalidated by the load failure: plan again
-                if problem is None and fast_key is not None:
-                    s.fast[fast_key] = provider
-                return provider
-            else:
-                d = decision(arch, op, dtype, problem)
-                raise ProviderUnavailableError(str(d), d)
+        for spec in _plan(s, (arch, op, dtype)).specs:
+            if problem is not None and shape_reason(spec, problem):
+                continue
+            provider = _load(s, spec)
+            if provider is None:
+                continue  # recorded; the decision now rejects it with code "import"
+            if problem is None and fast_key is not None:
+                s.fast[fast_key] = provider
+            return provider
+        d = _decide(s, arch, op, dtype, problem)
+        raise ProviderUnavailableError(str(d), d)

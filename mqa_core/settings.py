@@ -1,47 +1,148 @@
 """The environment variables mqa_core obeys, read once per (re)load into a frozen :class:`Settings`.
 
 Reading them once keeps selection deterministic inside a process and the per-call path free of
-``os.environ`` lookups; call :func:`mqa_core.reload` after changing them.
+``os.environ`` lookups; call :func:`mqa_core.reload` after changing them. Parsing is strict: a value
+that is not understood raises :class:`~mqa_core.errors.SettingsError` naming the variable, rather
+than being read as "off" (a misspelt ``MQA_STRICT_PLUGINS=on`` must not quietly mean not strict).
+Entries of the lists that are well formed but name nothing installed are warned about after
+discovery (``discovery.unknown_names``).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from .errors import SettingsError
+from .names import DISTRIBUTION_NAME, ENTRY_POINT_NAME, PROVIDER_NAME, normalize_distribution
 
 #: name -> what it does; also the source of ``mqa --help``'s environment section.
 ENV_VARS = {
-    "MQA_PROVIDER": "ordered preference 'a[,b]': the first usable of these is used, else the call fails",
-    "MQA_DISABLE_PROVIDERS": "'a,b': providers never chosen",
-    "MQA_PLUGINS": "'a,b': load only these entry-point names (empty: load none)",
-    "MQA_STRICT_PLUGINS": "'1': a broken plugin raises instead of being isolated",
-    "MQA_VALIDATE": "'full': also check values that need a device sync (k_scale > 0, block ids)",
+    "MQA_PROVIDER": "ordered preference 'a[,dist:b,...]': the first usable one is used, else the call fails; "
+                    "'distribution:name' picks one of two providers that claim a name",
+    "MQA_DISABLE_PROVIDERS": "'a,dist,dist:b': providers never chosen, by provider name, distribution, or both",
+    "MQA_PLUGINS": "'dist,entry_point': import only these plugins, by distribution or entry-point name "
+                   "(empty: none); nothing else is imported",
+    "MQA_STRICT_PLUGINS": "1/0, true/false, yes/no, on/off: a broken plugin raises instead of being isolated",
+    "MQA_VALIDATE": "'cheap' (default) or 'full': also check what needs a device sync (k_scale > 0, block "
+                    "ids, non-finite logits inside the windows)",
+    "MQA_TORCH_REF_MEMORY_MB": "torch_ref's bound on temporary memory, in MiB: a positive number (default 512)",
 }
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+#: MQA_VALIDATE's accepted values.
+VALIDATE_MODES = ("cheap", "full")
 
-def _names(text: str | None) -> tuple[str, ...]:
+
+def parse_bool(variable: str, text: str | None, default: bool = False) -> bool:
+    """1/0, true/false, yes/no, on/off in any case; unset or empty -> ``default``."""
+    if text is None or not text.strip():
+        return default
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise SettingsError(f"{variable}={text!r} is not a boolean: use one of {', '.join(_TRUE + _FALSE)}")
+
+
+def parse_choice(variable: str, text: str | None, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` in any case; unset or empty -> the first."""
+    if text is None or not text.strip():
+        return choices[0]
+    word = text.strip().lower()
+    if word not in choices:
+        raise SettingsError(f"{variable}={text!r} is not accepted: use one of {', '.join(choices)}")
+    return word
+
+
+def env_positive_number(variable: str, default: float, env: Mapping[str, str] | None = None) -> float:
+    """A positive, finite number from ``env[variable]`` (``os.environ`` by default); unset or empty ->
+    ``default``. Anything else (``abc``, ``0``, ``-1``, ``inf``) raises SettingsError naming the variable.
+
+    For providers' own variables (torch_ref reads ``MQA_TORCH_REF_MEMORY_MB`` with it).
+    """
+    text = (os.environ if env is None else env).get(variable)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SettingsError(f"{variable}={text!r} must be a positive number")
+    return value
+
+
+def _provider_ref(text: str) -> str | None:
+    """``name`` or ``dist:name``, normalised; None when malformed."""
+    dist, sep, name = text.rpartition(":")
+    name = name.lower()
+    if not PROVIDER_NAME.fullmatch(name):
+        return None
+    if not sep:
+        return name
+    if not DISTRIBUTION_NAME.fullmatch(dist):
+        return None
+    return f"{normalize_distribution(dist)}:{name}"
+
+
+def _block_ref(text: str) -> str | None:
+    """A provider ref, or a bare distribution name."""
+    ref = _provider_ref(text)
+    if ref is not None:
+        return ref
+    return normalize_distribution(text) if DISTRIBUTION_NAME.fullmatch(text) else None
+
+
+def _plugin_ref(text: str) -> str | None:
+    return text if ENTRY_POINT_NAME.fullmatch(text) else None
+
+
+def parse_list(variable: str, text: str | None, parse: Callable[[str], str | None], what: str) -> tuple[str, ...]:
+    """Comma-separated entries, blanks dropped, duplicates removed, order kept; each one parsed."""
     if text is None:
         return ()
-    return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    out: dict[str, None] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        ref = parse(part)
+        if ref is None:
+            raise SettingsError(f"{variable}={text!r}: {part!r} is not {what}")
+        out[ref] = None
+    return tuple(out)
 
 
 @dataclass(frozen=True)
 class Settings:
+    """Every ``MQA_*`` variable the core reads, parsed. Build with :meth:`from_env`."""
+
+    #: MQA_PROVIDER: ``name`` or ``distribution:name`` (normalised), in the user's order.
     preference: tuple[str, ...] = ()
+    #: MQA_DISABLE_PROVIDERS: provider names, distribution names, or ``distribution:name``.
     disabled: frozenset[str] = frozenset()
-    #: None: load every plugin; otherwise only these entry-point names.
+    #: MQA_PLUGINS: None: load every plugin; otherwise only these entry-point or distribution names.
     plugins: frozenset[str] | None = None
     strict: bool = False
     validate_full: bool = False
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        """Parse the variables (``os.environ`` by default); raise SettingsError naming a bad one."""
+        env = os.environ if env is None else env
         plugins = env.get("MQA_PLUGINS")
         return cls(
-            preference=_names(env.get("MQA_PROVIDER")),
-            disabled=frozenset(_names(env.get("MQA_DISABLE_PROVIDERS"))),
-            plugins=None if plugins is None else frozenset(_names(plugins)),
-            strict=env.get("MQA_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes"),
-            validate_full=env.get("MQA_VALIDATE", "").strip().lower() == "full",
+            preference=parse_list("MQA_PROVIDER", env.get("MQA_PROVIDER"), _provider_ref,
+                                  "a provider name or distribution:name"),
+            disabled=frozenset(parse_list("MQA_DISABLE_PROVIDERS", env.get("MQA_DISABLE_PROVIDERS"), _block_ref,
+                                          "a provider name, a distribution name, or distribution:name")),
+            plugins=None if plugins is None else frozenset(
+                parse_list("MQA_PLUGINS", plugins, _plugin_ref, "an entry-point or distribution name")),
+            strict=parse_bool("MQA_STRICT_PLUGINS", env.get("MQA_STRICT_PLUGINS")),
+            validate_full=parse_choice("MQA_VALIDATE", env.get("MQA_VALIDATE"), VALIDATE_MODES) == "full",
         )

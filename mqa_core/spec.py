@@ -8,18 +8,52 @@ kernel library (triton, aiter); the object is imported only once the provider is
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
-from .arch import ANY_ARCH, KNOWN_ARCHS
+from .arch import ANY_ARCH, normalize_arch
+from .names import PROVIDER_NAME, provider_id
 
 #: The ops a provider can serve. Each is a method of the same name on the loaded kernel object.
 OPS = ("fp8_mqa_logits", "fp8_paged_mqa_logits")
-#: fp8 flavours a provider can accept for q and k.
+#: fp8 flavours a provider can accept for q and k (torch's names without the ``torch.`` prefix).
 DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz")
+#: Every (q dtype, k dtype) pair the op's contract allows; a provider declares the ones it serves.
+DTYPE_PAIRS = tuple((q, k) for q in DTYPES for k in DTYPES)
 
-_NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
-_LOAD = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+Pair = tuple[str, str]
+
+
+def dtype_name(dtype: Any) -> str:
+    """``torch.float8_e4m3fn`` or ``"float8_e4m3fn"`` -> ``"float8_e4m3fn"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_pair(dtype: Any) -> Pair | None:
+    """What a request's ``dtype`` means: None (any), a q dtype meaning (q, q), or a (q, k) pair.
+
+    Raises ValueError for anything that is not a contract dtype or a pair of them.
+    """
+    if dtype is None:
+        return None
+    if isinstance(dtype, (tuple, list)):
+        if len(dtype) != 2:
+            raise ValueError(f"dtype pair must be (q_dtype, k_dtype); got {dtype!r}")
+        q, k = dtype_name(dtype[0]), dtype_name(dtype[1])
+    else:
+        q = k = dtype_name(dtype)
+    if q not in DTYPES or k not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (meaning q and k alike) or a (q, k) "
+                         f"pair of them; got {dtype!r}")
+    return (q, k)
+
+
+def format_pairs(pairs: Iterable[Pair]) -> str:
+    """``(float8_e4m3fn, float8_e4m3fnuz), ...`` in a stable order."""
+    return ", ".join(f"({q}, {k})" for q, k in sorted(pairs))
+
+_LOAD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 
 
 @dataclass(frozen=True)
@@ -44,9 +78,11 @@ class Problem:
     def parse(cls, text: str) -> "Problem":
         """``"M,N,H,D"`` -> Problem; the CLI's ``--shape``."""
         parts = [p.strip() for p in text.split(",")]
-        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts):
             raise ValueError(f"shape must be M,N,H,D as four non-negative integers, got {text!r}")
         m, n, h, d = (int(p) for p in parts)
+        if h == 0 or d == 0:
+            raise ValueError(f"shape M,N,H,D needs H >= 1 and D >= 1 (M and N may be 0), got {text!r}")
         return cls(m, n, h, d)
 
     def __str__(self) -> str:
@@ -57,16 +93,90 @@ class Problem:
 RuntimeCheck = Callable[[str], str | None]
 #: Shape limits: given a problem, None when supported, else the reason it is not.
 ShapeLimits = Callable[[Problem], str | None]
+#: What a spec may pass as ``dtype_pairs``: pairs for every arch, or arch -> pairs ("any": the rest).
+PairsDeclaration = Iterable[Pair] | Mapping[str, Iterable[Pair]]
+
+
+class PairsByArch(Mapping[str, frozenset[Pair]]):
+    """arch -> the (q dtype, k dtype) pairs served there; ``"any"`` covers archs not listed.
+
+    Immutable and hashable, so a spec holding it stays a hashable value.
+    """
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: Mapping[str, frozenset[Pair]]) -> None:
+        self._table = dict(table)
+
+    def __getitem__(self, arch: str) -> frozenset[Pair]:
+        return self._table[arch]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._table))
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._table.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self.items()) == dict(other.items())
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{a!r}: {{{format_pairs(p)}}}" for a, p in self.items()) + "}"
+
+
+def _pairs_table(declared: Any, archs: frozenset[str], errors: list[str]) -> dict[str, frozenset[Pair]]:
+    """Validate and normalise a ``dtype_pairs`` declaration; problems go to ``errors``."""
+    if isinstance(declared, Mapping):
+        raw = list(declared.items())
+    elif isinstance(declared, (str, bytes)) or not isinstance(declared, Iterable):
+        errors.append(f"dtype_pairs must be pairs (q_dtype, k_dtype) or a mapping arch -> pairs; "
+                      f"got {type(declared).__name__}")
+        return {}
+    else:
+        raw = [(ANY_ARCH, declared)]
+    table: dict[str, frozenset[Pair]] = {}
+    for arch, pairs in raw:
+        try:
+            key = ANY_ARCH if arch == ANY_ARCH else normalize_arch(arch)
+        except (TypeError, ValueError) as exc:
+            errors.append(f"dtype_pairs: {exc}")
+            continue
+        if key != ANY_ARCH and ANY_ARCH not in archs and key not in archs:
+            errors.append(f"dtype_pairs lists {key}, which archs does not declare")
+        got: set[Pair] = set()
+        items = [] if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable) else list(pairs)
+        for p in items:
+            if (not isinstance(p, (tuple, list)) or len(p) != 2
+                    or any(dtype_name(x) not in DTYPES for x in p)):
+                errors.append(f"dtype_pairs[{key!r}]: {p!r} is not a (q_dtype, k_dtype) pair of {list(DTYPES)}")
+                continue
+            got.add((dtype_name(p[0]), dtype_name(p[1])))
+        if not items:
+            errors.append(f"dtype_pairs[{key!r}] must be a non-empty collection of (q_dtype, k_dtype) pairs")
+        table[key] = table.get(key, frozenset()) | frozenset(got)
+    if table and ANY_ARCH not in table:
+        uncovered = sorted(a for a in archs if a not in table)
+        if uncovered:
+            errors.append(f"dtype_pairs covers neither {', '.join(uncovered)} nor {ANY_ARCH!r}")
+    return table
 
 
 @dataclass(frozen=True)
 class ProviderSpec:
     """A provider's capability, priority and lazy kernel, as returned by the ``mqa_providers`` hook.
 
-    :param name: unique, lower case; what ``MQA_PROVIDER`` and ``MQA_DISABLE_PROVIDERS`` name.
+    :param name: lower case (``[a-z][a-z0-9_-]*``); what ``MQA_PROVIDER`` and
+        ``MQA_DISABLE_PROVIDERS`` name. Unique per distribution; a name two distributions claim is
+        ambiguous and neither is chosen until the user picks one as ``distribution:name``.
     :param ops: the ops served, from :data:`OPS`.
-    :param archs: arch names it is written for (``sm_90``, ``gfx950``, ``cpu``...), or ``"any"``.
-    :param dtypes: fp8 flavours accepted for q and k, from :data:`DTYPES`.
+    :param archs: arch names it is written for (any well-formed ``sm_XY[Z]``, ``gfxNNN[N]``,
+        ``cpu``; normalised), or ``"any"``.
+    :param dtypes: shorthand for fp8 flavours accepted for q and k alike: ``{d}`` means the pair
+        ``(d, d)`` on every arch. When ``dtype_pairs`` is given, it is the declaration and this is
+        derived from it: the flavours ``d`` whose pair ``(d, d)`` is declared on some arch.
     :param priority: higher wins; ties break by name. In use: flydsl 300, gluon 200, torch_ref 0.
     :param load: ``"module:attr"`` of the kernel object, imported only when chosen. The object has
         one method per op in ``ops``, with the op's signature.
@@ -74,14 +184,19 @@ class ProviderSpec:
         For an explicit arch it answers for what is installed here, not for the local device.
     :param shape_limits: optional ``shape_limits(problem) -> None | reason``.
     :param description: one line for ``mqa providers``.
-    :param distribution: the distribution it came from; filled in by discovery when left empty.
-    :param version: that distribution's version; filled in by discovery when left empty.
+    :param distribution: the distribution it came from; set by discovery from the installed
+        distribution (a spec that names another one is rejected).
+    :param version: that distribution's version; set by discovery.
+    :param dtype_pairs: the (q dtype, k dtype) pairs served: an iterable of pairs for every arch, or
+        a mapping ``arch -> pairs`` where ``"any"`` covers the archs not listed. Stored as a
+        :class:`PairsByArch`. The paged op's cache is bytes of q's flavour: it uses the (q, q) pairs.
     """
 
     name: str
     ops: frozenset[str]
     archs: frozenset[str]
-    dtypes: frozenset[str]
+    dtypes: frozenset[str] = frozenset()
+    _: KW_ONLY
     priority: int
     load: str
     check: RuntimeCheck | None = field(default=None, compare=False)
@@ -89,34 +204,77 @@ class ProviderSpec:
     description: str = ""
     distribution: str = ""
     version: str = ""
+    dtype_pairs: PairsDeclaration | None = None
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set fields, store frozensets: specs hash and compare cleanly.
+        errors: list[str] = []
         for k in ("ops", "archs", "dtypes"):
             v = getattr(self, k)
             if isinstance(v, str):
                 v = (v,)
-            object.__setattr__(self, k, frozenset(v))
-        errors = []
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            errors.append(f"name {self.name!r} must match {_NAME.pattern}")
+            try:
+                object.__setattr__(self, k, frozenset(v))
+            except TypeError:
+                errors.append(f"{k} must be a collection of names, got {type(v).__name__}")
+                object.__setattr__(self, k, frozenset())
+        if not isinstance(self.name, str) or not PROVIDER_NAME.fullmatch(self.name):
+            errors.append(f"name {self.name!r} must match {PROVIDER_NAME.pattern} (lower case, whole name)")
         if not self.ops or not self.ops <= set(OPS):
-            errors.append(f"ops {sorted(self.ops)} must be a non-empty subset of {list(OPS)}")
-        unknown = self.archs - set(KNOWN_ARCHS) - {ANY_ARCH}
-        if not self.archs or unknown:
-            errors.append(f"archs {sorted(self.archs)} must be non-empty names from "
-                          f"{list(KNOWN_ARCHS)} or {ANY_ARCH!r}")
-        if not self.dtypes or not self.dtypes <= set(DTYPES):
-            errors.append(f"dtypes {sorted(self.dtypes)} must be a non-empty subset of {list(DTYPES)}")
+            errors.append(f"ops {sorted(self.ops, key=str)} must be a non-empty subset of {list(OPS)}")
+        archs = set()
+        for a in self.archs:
+            try:
+                archs.add(ANY_ARCH if a == ANY_ARCH else normalize_arch(a))
+            except (TypeError, ValueError) as exc:
+                errors.append(f"archs: {exc}")
+        if not self.archs:
+            errors.append(f"archs must name at least one arch, or {ANY_ARCH!r}")
+        object.__setattr__(self, "archs", frozenset(archs))
+        self._set_pairs(errors)
         if not isinstance(self.priority, int) or isinstance(self.priority, bool):
             errors.append(f"priority must be an int, got {self.priority!r}")
-        if not isinstance(self.load, str) or not _LOAD.match(self.load):
+        if not isinstance(self.load, str) or not _LOAD.fullmatch(self.load):
             errors.append(f"load {self.load!r} must be 'package.module:attr'")
         for k in ("check", "shape_limits"):
             if getattr(self, k) is not None and not callable(getattr(self, k)):
                 errors.append(f"{k} must be callable or None")
+        for k in ("description", "distribution", "version"):
+            v = getattr(self, k)
+            if not isinstance(v, str) or any(c in v for c in "\r\n\0"):
+                errors.append(f"{k} must be a one-line str, got {v!r}")
         if errors:
             raise ValueError(f"invalid ProviderSpec {self.name!r}: " + "; ".join(errors))
 
+    def _set_pairs(self, errors: list[str]) -> None:
+        dtypes = self.dtypes
+        if not dtypes <= set(DTYPES):
+            errors.append(f"dtypes {sorted(dtypes, key=str)} must be a subset of {list(DTYPES)}")
+        if self.dtype_pairs is None:
+            if not dtypes:
+                errors.append(f"declare dtypes (fp8 flavours for q and k alike, from {list(DTYPES)}) or "
+                              "dtype_pairs")
+            table = {ANY_ARCH: frozenset((d, d) for d in dtypes)}
+        else:
+            # dtype_pairs is the declaration; dtypes is derived from it (so that replace() on a spec,
+            # which passes both, and a replaced dtype_pairs stay consistent).
+            table = _pairs_table(self.dtype_pairs, self.archs, errors)
+            object.__setattr__(self, "dtypes", frozenset(q for pairs in table.values() for q, k in pairs if q == k))
+        object.__setattr__(self, "dtype_pairs", PairsByArch(table))
+
+    @property
+    def id(self) -> str:
+        """``distribution:name``: the identity selection and ``MQA_PROVIDER`` use (names can collide)."""
+        return provider_id(self.distribution, self.name)
+
     def serves_arch(self, arch: str) -> bool:
         return ANY_ARCH in self.archs or arch in self.archs
+
+    def pairs_for(self, arch: str) -> frozenset[Pair]:
+        """The (q dtype, k dtype) pairs served on ``arch`` (a normalised name); empty where it does
+        not serve that arch."""
+        if not self.serves_arch(arch):
+            return frozenset()
+        table: Mapping[str, frozenset[Pair]] = self.dtype_pairs  # type: ignore[assignment]
+        got = table.get(arch)
+        return got if got is not None else table.get(ANY_ARCH, frozenset())

@@ -2,6 +2,10 @@
 
 Cheap checks (types, dtypes, shapes, devices) always run; checks of values that would need a
 device sync (k_scale > 0, block ids in range) run only with ``MQA_VALIDATE=full``.
+
+q and k may be different fp8 flavours: the public ops accept any pair of the contract and choose a
+provider that declares it; a bound :class:`~mqa_core.Provider` accepts the pairs its spec declares
+on the tensors' arch.
 """
 
 from __future__ import annotations
@@ -9,15 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .spec import DTYPES, Problem, ProviderSpec
+from .spec import DTYPES, Problem, ProviderSpec, dtype_name, format_pairs
 
 if TYPE_CHECKING:
     import torch
 
-
-def dtype_name(dtype: Any) -> str:
-    """``torch.float8_e4m3fn`` or ``"float8_e4m3fn"`` -> ``"float8_e4m3fn"``."""
-    return str(dtype).removeprefix("torch.")
+__all__ = ["dtype_name", "mqa_logits_args", "paged_mqa_logits_args"]
 
 
 def _desc(t: Any) -> str:
@@ -50,13 +51,9 @@ def _same_device(op: str, named: dict[str, "torch.Tensor"]) -> None:
 
 
 def _fp8(op: str, q: Any, spec: ProviderSpec | None) -> list[str]:
-    allowed = sorted(spec.dtypes) if spec is not None else list(DTYPES)
-    import torch
-
-    if isinstance(q, torch.Tensor) and dtype_name(q.dtype) in DTYPES and dtype_name(q.dtype) not in allowed:
-        raise TypeError(f"{op}: q is {dtype_name(q.dtype)}, but provider {spec.name} "  # type: ignore[union-attr]
-                        f"declares only {', '.join(allowed)}")
-    return allowed
+    """The fp8 flavours q may have: the contract's; the bound provider's pairs are judged later,
+    once q's device (hence arch) is known to be a tensor's."""
+    return list(DTYPES)
 
 
 def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
@@ -72,7 +69,7 @@ def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logit
         raise TypeError(f"{op}: kv must be a tuple (k [N, D], k_scale [N]); got {type(kv).__name__}"
                         + (f" of length {len(kv)}" if isinstance(kv, (tuple, list)) else ""))
     k, k_scale = kv
-    _tensor(op, "k (kv[0])", k, [dtype_name(q.dtype)], (None, d), "[N, D]")
+    _tensor(op, "k (kv[0])", k, list(DTYPES), (None, d), "[N, D]")
     n = k.shape[0]
     if not (hasattr(k_scale, "dim") and k_scale.dim() == 2):
         _tensor(op, "k_scale (kv[1])", k_scale, ["float32"], (n,), "[N] or [N, 1]")
@@ -86,7 +83,7 @@ def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logit
     _same_device(op, {"q": q, "k": k, "k_scale": k_scale, "weights": weights,
                       "cu_seqlen_ks": ks, "cu_seqlen_ke": ke})
     if spec is not None:
-        _serves_device(op, q, spec)
+        _serves_device(op, q, spec, dtype_name(k.dtype))
     if full and n and not bool((k_scale > 0).all()):
         raise ValueError(f"{op}: k_scale must be > 0 everywhere (MQA_VALIDATE=full)")
     return Problem(m, n, h, d)
@@ -142,10 +139,18 @@ def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any
     return Problem(b * next_n, max_context_len, h, d)
 
 
-def _serves_device(op: str, q: "torch.Tensor", spec: ProviderSpec) -> None:
+def _serves_device(op: str, q: "torch.Tensor", spec: ProviderSpec, k_dtype: str | None = None) -> None:
+    """The bound provider serves the tensors' arch and their (q, k) dtype pair there (paged: (q, q))."""
     from .arch import arch_of_device
 
     arch = arch_of_device(q.device)
     if not spec.serves_arch(arch):
         raise ValueError(f"{op}: provider {spec.name} serves {', '.join(sorted(spec.archs))}; "
                          f"the tensors are on {q.device} ({arch})")
+    q_dtype = dtype_name(q.dtype)
+    pair = (q_dtype, k_dtype or q_dtype)
+    declared = spec.pairs_for(arch)
+    if pair not in declared:
+        what = "q and k" if k_dtype is not None else "q (and the cache)"
+        raise TypeError(f"{op}: {what} are ({pair[0]}, {pair[1]}), but provider {spec.name} declares "
+                        f"{format_pairs(declared)} on {arch}")

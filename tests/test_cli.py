@@ -48,7 +48,7 @@ def test_explain_exit_status_when_nothing_serves():
 
 
 @pytest.mark.parametrize("args, words", [
-    (["explain", "--arch", "sm_91"], "unknown arch 'sm_91': accepted forms"),
+    (["explain", "--arch", "hopper"], "malformed arch 'hopper': accepted forms"),
     (["explain", "--arch", "cpu", "--shape", "1,2"], "M,N,H,D"),
 ])
 def test_user_errors_go_to_stderr_without_traceback(args, words):
@@ -67,3 +67,78 @@ def test_demo_runs_and_checks():
     r = mqa("demo", "--shape", "64,128,8,64")
     assert r.returncode == 0, r.stderr
     assert "chosen: torch_ref" in r.stdout and "PASS" in r.stdout
+
+
+NO_CUDA = "" if not __import__("torch").cuda.is_available() else "this machine has CUDA"
+
+
+def run_main(*args, env=None, monkeypatch=None):
+    """``mqa ARGS`` in this process: (exit status, stderr lines)."""
+    import mqa_core
+
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    mqa_core.reload()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    return code
+
+
+@pytest.mark.parametrize("command", ["check", "bench", "demo"])
+@pytest.mark.parametrize("device, words", [
+    pytest.param("cuda", "--device cuda: no CUDA or ROCm device is available here",
+                 marks=pytest.mark.skipif(bool(NO_CUDA), reason=NO_CUDA or "")),
+    ("banana", "--device 'banana' is not a torch device"),
+    ("meta", "mqa runs on cpu and cuda"),
+    ("cuda:99", "--device cuda:99"),
+])
+def test_device_errors_are_one_line_exit_2(capsys, command, device, words):
+    assert run_main(command, "--device", device) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_device_error_in_a_real_process_has_no_traceback():
+    r = mqa("check", "--device", "banana")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "mqa: error: --device 'banana' is not a torch device: use cpu, cuda or cuda:N"]
+
+
+@pytest.mark.parametrize("args", [["bench", "--shape", "1,1,0,1"], ["demo", "--shape", "1,1,0,1"],
+                                  ["explain", "--shape", "1,1,0,1"], ["explain", "--shape", "1,1,1,0"],
+                                  ["check", "--shape", "1,1,0,1"], ["bench", "--shape", "a,b,c,d"],
+                                  ["explain", "--dtype", "bfloat16"], ["explain", "--dtype", "fn,fn,fn"],
+                                  ["explain", "--op", "matmul"], ["bench", "--repeat", "x"]])
+def test_argument_errors_are_one_line_exit_2(capsys, args):
+    assert run_main(*args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0], lines
+    if "--shape" in args and args[0] != "check" and "0" in args[-1]:
+        assert "needs H >= 1 and D >= 1" in lines[0]
+
+
+@pytest.mark.parametrize("var, value", [("MQA_VALIDATE", "bogus"), ("MQA_STRICT_PLUGINS", "maybe"),
+                                        ("MQA_PROVIDER", "a b"), ("MQA_PLUGINS", "a/b")])
+def test_bad_settings_are_one_line_exit_2(capsys, monkeypatch, var, value):
+    assert run_main("providers", env={var: value}, monkeypatch=monkeypatch) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mqa: error: {var}="), lines
+
+
+def test_explain_takes_a_dtype_pair(capsys):
+    assert main(["explain", "--arch", "gfx942", "--dtype", "float8_e4m3fn,float8_e4m3fnuz", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["dtype"] == ["float8_e4m3fn", "float8_e4m3fnuz"] and data["chosen"] == "torch_ref"
+    gluon = next(c for c in data["candidates"] if c["name"] == "gluon")
+    assert gluon["code"] == "dtype" and gluon["pairs"] == [["float8_e4m3fn", "float8_e4m3fn"]]
+    assert main(["explain", "--arch", "gfx942", "--dtype", "fnuz"]) == 0
+    out = capsys.readouterr().out
+    assert "q=float8_e4m3fnuz k=float8_e4m3fnuz" in out and "chosen: torch_ref" in out
+
+
+def test_unknown_names_are_one_line_warnings(capsys, monkeypatch):
+    assert run_main("providers", env={"MQA_DISABLE_PROVIDERS": "torch-reff"}, monkeypatch=monkeypatch) == 0
+    warn = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(warn) == 1 and warn[0].startswith("mqa: warning: MQA_DISABLE_PROVIDERS names torch-reff"), warn

@@ -1,7 +1,5 @@
 """The pure selector: order, ties, preference, blocking, shape limits, checks, and the trace."""
 
-import pytest
-
 from mqa_core import Problem, ProviderSpec
 from mqa_core.discovery import BrokenPlugin
 from mqa_core.select import decide
@@ -81,7 +79,7 @@ def test_no_provider_says_what_to_install():
 def test_broken_plugins_are_listed_and_load_errors_reject():
     broken = [BrokenPlugin("bad", "bad-dist", "1.0", "import", "ImportError: boom")]
     d = decide(SPECS, broken, Settings(), arch="sm_90", op="fp8_mqa_logits",
-               load_errors={"shaped": "ImportError: no triton"})
+               load_errors={SPECS[4].id: "ImportError: no triton"})
     assert d.candidate("bad").code == "broken" and "boom" in d.candidate("bad").reason
     assert d.candidate("shaped").code == "import" and d.chosen == "mid_a"
     assert d.to_dict()["candidates"][-1]["name"] == "bad"
@@ -94,11 +92,43 @@ def test_check_that_raises_is_a_rejection():
     assert d.chosen == "y" and "RuntimeError: no ROCm" in d.candidate("x").reason
 
 
-@pytest.mark.parametrize("env, expect", [
-    ({"MQA_PROVIDER": "a, b,a"}, Settings(preference=("a", "b"))),
-    ({"MQA_PLUGINS": ""}, Settings(plugins=frozenset())),
-    ({"MQA_DISABLE_PROVIDERS": "x,y", "MQA_STRICT_PLUGINS": "1"},
-     Settings(disabled=frozenset({"x", "y"}), strict=True)),
-])
-def test_settings_from_env(env, expect):
-    assert Settings.from_env(env) == expect
+def claimant(dist, priority):
+    return spec("twin", priority, distribution=dist, version="1")
+
+
+def test_a_name_two_distributions_claim_is_ambiguous():
+    specs = SPECS + [claimant("dist-a", 900), claimant("dist-b", 1)]
+    d = decide(specs, [], Settings(), arch="sm_90", op="fp8_mqa_logits")
+    assert d.chosen == "shaped"  # the claimants' priority (900) buys nothing
+    for dist, other in (("dist-a", "dist-b"), ("dist-b", "dist-a")):
+        c = d.candidate(f"{dist}:twin")
+        assert c.code == "ambiguous" and f"also claimed by {other}==1" in c.reason
+        assert f"MQA_PROVIDER={dist}:twin" in c.reason
+
+
+def test_distribution_colon_name_resolves_ambiguity_and_naming_the_name_does_not():
+    specs = SPECS + [claimant("dist-a", 900), claimant("Dist_B", 1)]
+    d = decide(specs, [], Settings(preference=("dist-b:twin",)), arch="sm_90", op="fp8_mqa_logits")
+    assert (d.chosen, d.chosen_distribution) == ("twin", "Dist_B")
+    assert d.candidate("dist-a:twin").code == "ambiguous"
+    d = decide(specs, [], Settings(preference=("twin",)), arch="sm_90", op="fp8_mqa_logits")
+    assert d.chosen is None and "honoured or fails" in d.why
+
+
+def test_blocking_one_claimant_resolves_the_name():
+    specs = [claimant("dist-a", 900), claimant("dist-b", 1)]
+    d = decide(specs, [], Settings(disabled=frozenset({"dist-a"})), arch="sm_90", op="fp8_mqa_logits")
+    assert (d.chosen, d.chosen_distribution) == ("twin", "dist-b")
+    d = decide(specs, [], Settings(disabled=frozenset({"dist-a:twin"})), arch="sm_90", op="fp8_mqa_logits")
+    assert d.chosen_distribution == "dist-b"
+    d = decide(specs, [], Settings(disabled=frozenset({"twin"})), arch="sm_90", op="fp8_mqa_logits")
+    assert d.chosen is None and {c.code for c in d.candidates} == {"blocked"}
+
+
+def test_nothing_left_by_the_allowlist_says_so():
+    d = decide([], [], Settings(plugins=frozenset({"nope"})), arch="cpu", op="fp8_mqa_logits",
+               skipped=["torch_ref (mqa-provider-torch-ref)"])
+    assert "MQA_PLUGINS=nope loads only" in d.why and "torch_ref (mqa-provider-torch-ref)" in d.why
+    assert "no provider is installed" not in d.why
+    broken = [BrokenPlugin("bad", "bad-dist", "1.0", "import", "ImportError: boom")]
+    assert "every installed plugin is broken" in decide([], broken, Settings(), arch="cpu", op="fp8_mqa_logits").why

@@ -21,7 +21,8 @@ def test_spec_stores_frozensets_and_is_hashable():
 @pytest.mark.parametrize("kw, words", [
     ({"name": "Bad Name"}, "name"),
     ({"ops": {"matmul"}}, "ops"),
-    ({"archs": {"sm_91"}}, "archs"),
+    ({"archs": {"hopper"}}, "archs"),
+    ({"archs": {"sm_90\n", "x"}}, "archs"),
     ({"archs": set()}, "archs"),
     ({"dtypes": {"bfloat16"}}, "dtypes"),
     ({"priority": 1.5}, "priority"),
@@ -58,7 +59,34 @@ def test_normalize_arch_accepts_common_spellings(text, arch):
     assert normalize_arch(text) == arch
 
 
-@pytest.mark.parametrize("text", ["sm_91", "gfx999", "cuda", "", "hopper"])
-def test_normalize_arch_rejects_unknown_with_accepted_forms(text):
-    with pytest.raises(ValueError, match="accepted forms are .*gfx942"):
+@pytest.mark.parametrize("text", ["cuda", "", "hopper", "gfx99", "sm_9", "sm_1000", "9", "gfx942x", "sm_90b", "mi300"])
+def test_normalize_arch_rejects_malformed_names_with_accepted_forms(text):
+    with pytest.raises(ValueError, match="malformed arch .*: accepted forms are .*gfx942"):
         normalize_arch(text)
+
+
+@pytest.mark.parametrize("text, arch", [("sm_91", "sm_91"), ("gfx1151", "gfx1151"), ("gfx999", "gfx999"),
+                                        ("sm_100a", "sm_100"), ("sm_100f", "sm_100"), ("12.1", "sm_121"),
+                                        ("gfx90a:xnack+", "gfx90a"), ("sm_120", "sm_120")])
+def test_any_well_formed_arch_is_accepted_and_normalised(text, arch):
+    assert normalize_arch(text) == arch
+
+
+def test_specs_accept_and_normalise_any_well_formed_arch():
+    assert spec(archs={"gfx1151", "SM90", "sm_91"}).archs == {"gfx1151", "sm_90", "sm_91"}
+
+
+@pytest.mark.parametrize("arch", ["gfx1151", "sm_91", "sm_121", "gfx1036"])
+def test_undeclared_archs_are_served_by_whoever_serves_them(arch):
+    import mqa_core
+
+    assert mqa_core.get_provider(arch).name == "torch_ref"
+    d = mqa_core.explain(arch)
+    assert d.arch == arch and d.candidate("gluon").code == "arch"
+
+
+def test_known_archs_is_documentation_only():
+    import mqa_core
+
+    assert "gfx942" in mqa_core.KNOWN_ARCHS and "gfx1036" not in mqa_core.KNOWN_ARCHS
+    assert normalize_arch("gfx1036") == "gfx1036"

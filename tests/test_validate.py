@@ -23,8 +23,8 @@ def call(inp, **override):
 @pytest.mark.parametrize("make, exc, words", [
     (lambda i: {"q": i.q.float()}, TypeError, r"q must be float8_e4m3fn or float8_e4m3fnuz \[M, H, D\]; got float32"),
     (lambda i: {"q": i.q[0]}, ValueError, r"q must have shape \[M, H, D\]"),
-    (lambda i: {"kv": (i.k.view(torch.float8_e4m3fnuz), i.k_scale)}, TypeError,
-     r"k \(kv\[0\]\) must be float8_e4m3fn"),
+    (lambda i: {"kv": (i.k.view(torch.int8), i.k_scale)}, TypeError,
+     r"k \(kv\[0\]\) must be float8_e4m3fn or float8_e4m3fnuz \[N, D\]; got int8"),
     (lambda i: {"kv": (i.k[:, :32], i.k_scale)}, ValueError, r"k \(kv\[0\]\) must have shape \[N, D\] = \['\?', 64\]"),
     (lambda i: {"kv": (i.k, i.k_scale.double())}, TypeError, "k_scale .* must be float32"),
     (lambda i: {"kv": (i.k, i.k_scale[:5])}, ValueError, r"k_scale .* \[N\] or \[N, 1\] = \[10\]"),

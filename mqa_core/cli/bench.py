@@ -12,8 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..spec import Problem
-from .common import UserError
+from .common import UserError, shape_arg
 
 EPILOG = """presets:
   quick    causal and full prefill, M=256 N=1024 H=32 D=128 (seconds on a CPU)
@@ -55,7 +54,7 @@ def add_parser(sub: Any) -> None:
                         "(default: on for the engine preset)")
     p.add_argument("--host-calls", type=int, default=None, metavar="N", dest="host_calls",
                    help="calls back to back per host-cost round (default: 200 on GPU, 20 on CPU)")
-    p.add_argument("--shape", action="append", default=[], type=Problem.parse, metavar="M,N,H,D",
+    p.add_argument("--shape", action="append", default=[], type=shape_arg, metavar="M,N,H,D",
                    help="a causal prefill workload (repeatable; added to --preset)")
     p.add_argument("--clean", action=argparse.BooleanOptionalAction, default=True,
                    help="clean_logits: -inf outside the windows (default: on)")

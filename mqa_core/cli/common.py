@@ -1,4 +1,5 @@
-"""What every subcommand shares: user errors, JSON output, the arch/op arguments."""
+"""What every subcommand shares: user errors, one-line usage errors, JSON output, and the
+arch/op/dtype/device/shape arguments, each checked where it is parsed."""
 
 from __future__ import annotations
 
@@ -7,22 +8,74 @@ import json
 import sys
 from typing import Any
 
-from ..spec import OPS
+from ..spec import DTYPES, OPS, Pair, Problem
 
 
 class UserError(Exception):
     """A mistake in the command line or environment: printed to stderr without a traceback."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors read like every other ``mqa`` error: one line, exit status 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+_SHORT = {d.removeprefix("float8_"): d for d in DTYPES} | {d.removeprefix("float8_e4m3"): d for d in DTYPES}
+
+
+def dtype_arg(text: str) -> str | Pair:
+    """``Q`` (q and k alike) or ``Q,K``; full torch names or short ones (e4m3fn, fnuz)."""
+    parts = [p.strip() for p in text.split(",")]
+    names = [_SHORT.get(p.lower(), p.lower()) for p in parts]
+    if len(names) not in (1, 2) or any(n not in DTYPES for n in names):
+        raise argparse.ArgumentTypeError(f"{text!r} is not Q or Q,K with Q and K from {', '.join(DTYPES)} "
+                                         "(or fn, fnuz)")
+    return names[0] if len(names) == 1 else (names[0], names[1])
+
+
+def shape_arg(text: str) -> Problem:
+    """``M,N,H,D`` for ``--shape``; the reason, not argparse's generic 'invalid value', on error."""
+    try:
+        return Problem.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_request(p: argparse.ArgumentParser, arch_help: str) -> None:
     p.add_argument("--arch", help=arch_help)
     p.add_argument("--op", default="fp8_mqa_logits", choices=OPS, help="the op (default %(default)s)")
-    p.add_argument("--dtype", choices=("float8_e4m3fn", "float8_e4m3fnuz"),
-                   help="fp8 flavour of q and k (default: any)")
+    p.add_argument("--dtype", type=dtype_arg, metavar="Q[,K]",
+                   help="fp8 flavour of q (and k), or a q,k pair, e.g. float8_e4m3fn,float8_e4m3fnuz "
+                        "(default: any)")
+
+
+def resolve_device(text: str) -> str:
+    """The canonical spelling of a ``--device`` this machine has; UserError saying why otherwise."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise UserError(f"--device {text!r} is not a torch device: use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type != "cuda":
+        raise UserError(f"--device {text}: mqa runs on cpu and cuda (NVIDIA or ROCm) devices, not {dev.type}")
+    if not torch.cuda.is_available():
+        built = ("" if torch.version.cuda or getattr(torch.version, "hip", None)
+                 else ", a build without CUDA or ROCm")
+        raise UserError(f"--device {text}: no CUDA or ROCm device is available here (torch {torch.__version__}"
+                        f"{built}); use --device cpu")
+    count = torch.cuda.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise UserError(f"--device {text}: this machine has {count} device(s), cuda:0 to cuda:{count - 1}")
+    return str(dev)
 
 
 def emit(data: dict[str, Any], text: str, as_json: bool) -> None:
@@ -30,5 +83,9 @@ def emit(data: dict[str, Any], text: str, as_json: bool) -> None:
 
 
 def fail(message: str, code: int = 2) -> int:
-    print(f"mqa: error: {message}", file=sys.stderr)
+    first = message.strip().splitlines()[0] if message.strip() else "failed"
+    rest = message.strip().splitlines()[1:]
+    print(f"mqa: error: {first}", file=sys.stderr)
+    for line in rest:  # a decision trace (exit 3) keeps its table; user errors are one line
+        print(line, file=sys.stderr)
     return code

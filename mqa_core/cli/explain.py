@@ -6,8 +6,7 @@ import argparse
 from typing import Any
 
 from ..api import explain
-from ..spec import Problem
-from .common import add_json, add_request, emit
+from .common import add_json, add_request, emit, shape_arg
 
 EXIT_NONE = 3
 
@@ -17,7 +16,7 @@ def add_parser(sub: Any) -> None:
                        description="Judge every installed provider for a request and show the choice. "
                                    f"Exit status {EXIT_NONE} when no provider can serve it.")
     add_request(p, "arch to decide for, e.g. sm_90, gfx950, cpu (default: this machine)")
-    p.add_argument("--shape", type=Problem.parse, metavar="M,N,H,D",
+    p.add_argument("--shape", type=shape_arg, metavar="M,N,H,D",
                    help="problem size, to apply providers' shape limits")
     add_json(p)
 

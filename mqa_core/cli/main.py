@@ -1,31 +1,46 @@
-"""``mqa``: inspect, explain, check and benchmark fp8 MQA-logits providers."""
+"""``mqa``: inspect, explain, check and benchmark fp8 MQA-logits providers.
+
+Every user error (bad arguments, a device this machine lacks, a bad ``MQA_*`` value) exits with
+status 2 and one line on stderr, never a traceback; "no provider can serve this" exits 3 with the
+decision trace.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import PluginError, ProviderUnavailableError
 from ..settings import ENV_VARS
-from .common import UserError, fail
+from .common import Parser, UserError, fail, resolve_device
 
 #: subcommand modules, imported only when their command runs (bench pulls in torch and timing).
 COMMANDS = ("providers", "explain", "demo", "check", "bench")
 
 
 def parser() -> argparse.ArgumentParser:
-    env = "\n".join(f"  {k:<22} {v}" for k, v in ENV_VARS.items())
-    p = argparse.ArgumentParser(
+    env = "\n".join(f"  {k:<24} {v}" for k, v in ENV_VARS.items())
+    p = Parser(
         prog="mqa", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pick, explain, check and benchmark fp8 MQA-logits kernels (providers).",
         epilog=f"environment:\n{env}\n\nexamples:\n  mqa providers\n  mqa explain --arch gfx950 "
-               "--shape 4096,16384,64,128\n  MQA_PROVIDER=torch_ref mqa explain --arch sm_90")
+               "--shape 4096,16384,64,128\n  mqa explain --arch gfx942 --dtype float8_e4m3fn,float8_e4m3fnuz\n"
+               "  MQA_PROVIDER=torch_ref mqa explain --arch sm_90\n"
+               "  MQA_PROVIDER=mqa-provider-torch-ref:torch_ref mqa demo")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)
     return p
+
+
+def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                      line: Any = None) -> None:
+    print(f"mqa: warning: {message}".replace("mqa: warning: mqa_core: ", "mqa: warning: "), file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,13 +49,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         p.print_help()
         return 2
-    module = importlib.import_module(f"{__package__}.{args.command}")
+    # Plugin problems are reported once, as warnings of one line each (not also through logging).
+    log = logging.getLogger("mqa_core")
+    quiet, propagate, show = logging.NullHandler(), log.propagate, warnings.showwarning
+    log.addHandler(quiet)
+    log.propagate = False
+    warnings.showwarning = _one_line_warning
     try:
+        if getattr(args, "device", None) is not None:
+            args.device = resolve_device(args.device)
+        module = importlib.import_module(f"{__package__}.{args.command}")
         return int(module.run(args))
     except (UserError, ValueError, TypeError, PluginError, ProviderUnavailableError) as exc:
         return fail(str(exc), 3 if isinstance(exc, ProviderUnavailableError) else 2)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
+    finally:
+        warnings.showwarning = show
+        log.removeHandler(quiet)
+        log.propagate = propagate
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ This module is the entry point: it holds only the spec, so listing providers imp
 
 from __future__ import annotations
 
-from mqa_core import ProviderSpec, hookimpl
+from mqa_core import DTYPE_PAIRS, ProviderSpec, hookimpl
 
 SPEC = ProviderSpec(
     name="torch_ref",
     ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"},
     archs={"any"},
-    dtypes={"float8_e4m3fn", "float8_e4m3fnuz"},
+    # Every (q, k) pair of the contract on every arch: the kernel upcasts q and k each from its own dtype.
+    dtype_pairs=DTYPE_PAIRS,
     priority=0,
     load="mqa_provider_torch_ref.kernels:KERNELS",
     description="exact fp32 PyTorch on any device, chunked to a memory bound (MQA_TORCH_REF_MEMORY_MB)",

@@ -7,12 +7,12 @@ columns its windows can see, so causal prefill does about half the work.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from mqa_core import env_positive_number
 from mqa_core.reference import split_paged_cache, visible_lengths
 
 DEFAULT_MEMORY_MB = 512
@@ -21,8 +21,9 @@ SCORES_BYTES = 4 * 2**20
 
 
 def memory_bound_bytes() -> int:
-    """Temporary-memory bound: ``MQA_TORCH_REF_MEMORY_MB`` (default 512 MiB)."""
-    return int(float(os.environ.get("MQA_TORCH_REF_MEMORY_MB", DEFAULT_MEMORY_MB)) * 2**20)
+    """Temporary-memory bound: ``MQA_TORCH_REF_MEMORY_MB`` (default 512 MiB), a positive number;
+    anything else raises SettingsError naming the variable."""
+    return max(1, int(env_positive_number("MQA_TORCH_REF_MEMORY_MB", DEFAULT_MEMORY_MB) * 2**20))
 
 
 def chunk_sizes(rows: int, h: int, d: int, n: int, budget: int) -> tuple[int, int]:

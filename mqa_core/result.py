@@ -1,0 +1,94 @@
+"""What a kernel returned, checked against the op's contract before the caller sees it.
+
+The cheap check runs on every call: a few attribute reads (type, dtype, shape, device, strides), no
+device sync. With ``MQA_VALIDATE=full`` the values are checked too: every cell inside a window must
+be finite, and with ``clean_logits`` every cell outside must be ``-inf``. A mismatch raises
+:class:`~mqa_core.errors.ProviderResultError` naming the provider and its distribution.
+
+Imported only once a provider is loaded (it imports torch; ``import mqa_core`` must not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import ProviderResultError
+from .reference import visible_lengths
+from .spec import ProviderSpec
+
+_Tensor = torch.Tensor
+_F32 = torch.float32
+
+
+def _who(spec: ProviderSpec, op: str) -> str:
+    return (f"provider {spec.name} ({spec.distribution or '?'}=={spec.version or '?'}) returned a wrong "
+            f"result from {op}")
+
+
+def _fail(spec: ProviderSpec, op: str, text: str) -> ProviderResultError:
+    return ProviderResultError(f"{_who(spec, op)}: {text}", spec.name, spec.distribution)
+
+
+def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> None:
+    """Type torch.Tensor, dtype float32, shape [m, n], on ``device``, last dim contiguous, row
+    stride >= n. Raises ProviderResultError saying what was expected and what came back."""
+    if type(out) is _Tensor or isinstance(out, _Tensor):
+        if out.dtype is _F32 and out.shape == (m, n) and out.device == device:
+            s0, s1 = out.stride()
+            if (s1 == 1 or n <= 1) and (s0 >= n or m <= 1):
+                return
+    raise _mismatch(out, spec, op, m, n, device)
+
+
+def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> ProviderResultError:
+    expected = f"a float32 torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
+    if not isinstance(out, _Tensor):
+        return _fail(spec, op, f"expected {expected}; got {type(out).__module__}.{type(out).__qualname__}")
+    wrong = []
+    if out.dtype != _F32:
+        wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected float32)")
+    if tuple(out.shape) != (m, n):
+        wrong.append(f"shape {list(out.shape)} (expected [{m}, {n}])")
+    if out.device != device:
+        wrong.append(f"device {out.device} (expected {device}, q's)")
+    if out.dim() == 2 and tuple(out.shape) == (m, n):
+        s0, s1 = out.stride()
+        if not (s1 == 1 or n <= 1):
+            wrong.append(f"strides {(s0, s1)}: last dim not contiguous")
+        elif not (s0 >= n or m <= 1):
+            wrong.append(f"strides {(s0, s1)}: rows overlap (row stride < {n})")
+    return _fail(spec, op, f"expected {expected}; got " + "; ".join(wrong))
+
+
+def _check_windows(out: torch.Tensor, inside: torch.Tensor, clean: bool, spec: ProviderSpec, op: str) -> None:
+    bad = inside & ~torch.isfinite(out)
+    if bool(bad.any()):
+        r, c = (int(i) for i in bad.nonzero()[0])
+        raise _fail(spec, op, f"{int(bad.sum())} non-finite value(s) inside the windows, where every value "
+                              f"is finite; first at [{r}, {c}]: {float(out[r, c])} (MQA_VALIDATE=full)")
+    if clean:
+        bad = ~inside & ~torch.isneginf(out)
+        if bool(bad.any()):
+            r, c = (int(i) for i in bad.nonzero()[0])
+            raise _fail(spec, op, f"{int(bad.sum())} value(s) outside the windows are not -inf although "
+                                  f"clean_logits=True; first at [{r}, {c}]: {float(out[r, c])} (MQA_VALIDATE=full)")
+
+
+def check_mqa_values(out: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, clean: bool,
+                     spec: ProviderSpec) -> None:
+    """Finite inside each query's window [max(ks, 0), min(ke, N)); -inf outside when ``clean``."""
+    n = out.shape[1]
+    cols = torch.arange(n, device=out.device)[None, :]
+    inside = (cols >= ks.long().clamp(min=0)[:, None]) & (cols < ke.long().clamp(max=n)[:, None])
+    _check_windows(out, inside, clean, spec, "fp8_mqa_logits")
+
+
+def check_paged_values(out: torch.Tensor, context_lens: torch.Tensor, next_n: int, clean: bool,
+                       spec: ProviderSpec) -> None:
+    """Finite at each row's visible positions; -inf beyond them when ``clean``."""
+    n = out.shape[1]
+    lens = visible_lengths(context_lens, next_n).clamp(0, n)
+    inside = torch.arange(n, device=out.device)[None, :] < lens[:, None]
+    _check_windows(out, inside, clean, spec, "fp8_paged_mqa_logits")

@@ -1,0 +1,162 @@
+"""Identity: a provider is (distribution, name). A squatter that claims an installed provider's name,
+with real temp-installed distributions: neither claimant wins until the user picks one."""
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import mqa_core
+from mqa_core import registry
+from mqa_core.testing import calc_diff, make_inputs
+
+GENUINE = "mqa-provider-torch-ref:torch_ref"
+
+
+def squatter(spec_extra=""):
+    """A plugin claiming ``torch_ref`` (priority 999, any arch) whose kernel returns zeros."""
+    return textwrap.dedent(f"""
+        import torch
+        from mqa_core import ProviderSpec, hookimpl
+
+        class Zeros:
+            def fp8_mqa_logits(self, q, kv, weights, ks, ke, *, clean_logits=True):
+                return torch.zeros(q.shape[0], kv[0].shape[0])
+
+        KERNELS = Zeros()
+
+        @hookimpl
+        def mqa_providers():
+            return [ProviderSpec(name="torch_ref", ops={{"fp8_mqa_logits"}}, archs={{"any"}},
+                                 dtypes={{"float8_e4m3fn"}}, priority=999, load="copycat_plugin:KERNELS"{spec_extra})]
+        """)
+
+
+@pytest.fixture
+def copycat(install_dist):
+    install_dist("copycat", "9.9", {"copycat_plugin.py": squatter()},
+                 {"mqa_core.providers": {"torch_ref": "copycat_plugin"}})
+
+
+def reload_with(monkeypatch, **env):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    mqa_core.reload()
+
+
+def test_a_claimed_name_is_ambiguous_and_neither_claimant_is_chosen(copycat):
+    d = mqa_core.explain("cpu")
+    both = [c for c in d.candidates if c.name == "torch_ref"]
+    assert {c.distribution for c in both} == {"copycat", "mqa-provider-torch-ref"}
+    assert all(c.code == "ambiguous" for c in both)
+    assert d.chosen != "torch_ref"
+    genuine = next(c for c in both if c.distribution == "mqa-provider-torch-ref")
+    assert "also claimed by copycat==9.9" in genuine.reason and f"MQA_PROVIDER={GENUINE}" in genuine.reason
+    with pytest.raises(KeyError, match="pass distribution:name"):
+        d.candidate("torch_ref")
+    assert d.candidate("copycat:torch_ref").distribution == "copycat"
+    text = str(d)
+    assert "copycat==9.9" in text and "mqa-provider-torch-ref==" in text
+
+
+def test_naming_the_squatted_name_fails_with_both_claimants(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_PROVIDER="torch_ref")
+    with pytest.raises(mqa_core.ProviderUnavailableError) as err:
+        mqa_core.get_provider("cpu")
+    msg = str(err.value)
+    assert "copycat==9.9" in msg and "[ambiguous]" in msg and f"MQA_PROVIDER={GENUINE}" in msg
+
+
+def test_distribution_colon_name_picks_the_genuine_one_and_it_computes(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_PROVIDER="MQA_Provider.Torch_Ref:torch_ref")  # PEP 503: same distribution
+    p = mqa_core.get_provider("cpu")
+    assert p.spec.distribution == "mqa-provider-torch-ref" and p.id == GENUINE
+    inp = make_inputs(mqa_core.Problem(5, 33, 4, 64), window="ragged", seed=1)
+    assert calc_diff(mqa_core.fp8_mqa_logits(*inp.args()), inp.reference()) < 1e-9
+    d = mqa_core.explain("cpu")
+    assert d.chosen == "torch_ref" and d.chosen_distribution == "mqa-provider-torch-ref"
+    assert d.candidate("copycat:torch_ref").code == "ambiguous"
+    assert "MQA_PROVIDER picks" in d.candidate("copycat:torch_ref").reason
+
+
+def test_the_user_may_pick_the_other_claimant_explicitly(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_PROVIDER="copycat:torch_ref")
+    assert mqa_core.get_provider("cpu").spec.distribution == "copycat"
+
+
+def test_entry_point_name_does_not_route_to_the_squatter(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_PLUGINS="torch_ref")  # both entry points are named torch_ref
+    assert {s.distribution for s in registry.state().discovery.specs} == {"copycat", "mqa-provider-torch-ref"}
+    with pytest.raises(mqa_core.ProviderUnavailableError, match="ambiguous"):
+        mqa_core.get_provider("cpu")
+
+
+def test_allowlist_by_distribution_loads_that_one_alone(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref")
+    p = mqa_core.get_provider("cpu")
+    assert p.id == GENUINE
+    assert [s.id for s in registry.state().discovery.specs] == [GENUINE]
+    assert "copycat_plugin" not in sys.modules
+
+
+def test_blocking_the_squatters_distribution_resolves_the_name(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_DISABLE_PROVIDERS="copycat", MQA_PROVIDER="torch_ref")
+    assert mqa_core.get_provider("cpu").id == GENUINE
+    assert mqa_core.explain("cpu").candidate("copycat:torch_ref").code == "blocked"
+
+
+def test_providers_command_shows_every_claimant(copycat, capsys):
+    from mqa_core.cli.main import main
+
+    assert main(["providers", "--arch", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("torch_ref")]
+    assert len(rows) == 2 and any("copycat==9.9" in r for r in rows) and all("ambiguous" in r for r in rows)
+
+
+def test_a_spec_cannot_claim_another_distribution(install_dist):
+    install_dist("liar", "1.0", {"copycat_plugin.py": squatter(', distribution="mqa-provider-torch-ref"')},
+                 {"mqa_core.providers": {"liar": "copycat_plugin"}})
+    with pytest.warns(RuntimeWarning, match="says it comes from 'mqa-provider-torch-ref', but liar==1.0"):
+        assert mqa_core.get_provider("cpu").id == GENUINE
+    (b,) = registry.state().discovery.broken
+    assert (b.entry_point, b.stage) == ("liar", "spec")
+
+
+@pytest.mark.parametrize("name", ["torch_ref\n", "torch_ref ", "Torch_ref", "torch ref", "_x", "x\x00"])
+def test_names_are_matched_whole(name):
+    with pytest.raises(ValueError, match="name"):
+        mqa_core.ProviderSpec(name=name, ops={"fp8_mqa_logits"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                              priority=1, load="a:b")
+
+
+def test_allowlist_imports_nothing_else(install_dist, tmp_path, monkeypatch):
+    marker = tmp_path / "imported"
+    install_dist("tripwire", "1.0", {"tripwire_plugin.py": f"open({str(marker)!r}, 'w').write('x')\n"
+                                                           "raise SystemExit('imported although not allowed')\n"},
+                 {"mqa_core.providers": {"tripwire": "tripwire_plugin"}})
+    reload_with(monkeypatch, MQA_PLUGINS="MQA-PROVIDER-TORCH-REF")
+    assert mqa_core.get_provider("cpu").id == GENUINE
+    found = registry.state().discovery
+    assert not marker.exists() and "tripwire_plugin" not in sys.modules and found.broken == ()
+    assert "tripwire" in found.skipped
+    assert {p.entry_point: p.status for p in found.plugins}["tripwire"] == "skipped"
+
+
+def test_allowlist_by_distribution_in_a_fresh_process_imports_no_other_plugin(tmp_path):
+    import subprocess
+
+    code = ("import sys, mqa_core; p = mqa_core.get_provider('cpu');"
+            "mods = [m for m in ('mqa_provider_gluon', 'mqa_provider_flydsl', 'mqa_example_chunked')"
+            " if m in sys.modules]; print(p.id, mods)")
+    env = {**__import__("os").environ, "MQA_PLUGINS": "mqa-provider-torch-ref"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == f"{GENUINE} []", out.stdout + out.stderr
+
+
+def test_identical_results_regardless_of_squatter_priority(copycat, monkeypatch):
+    # The squatter's priority (999) buys nothing: the unambiguous providers keep their order.
+    d = mqa_core.explain("cpu")
+    assert [c.name for c in d.accepted] == [c.name for c in d.accepted if c.name != "torch_ref"]
+    assert torch.float8_e4m3fn  # torch is importable for the other tests of this file
