@@ -7,22 +7,18 @@ where it serves, else torch_ref), and ``explain()`` says why flydsl was passed o
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import pytest
 from mqa_provider_flydsl import pairs
 
 import mqa_core
-from mqa_core import KNOWN_ARCHS, Decision, Problem, ProviderSpec
+from mqa_core import KNOWN_ARCHS, Decision, Problem
 
 AMD = ("gfx942", "gfx950")
 OTHER = tuple(a for a in KNOWN_ARCHS if a not in AMD)
 FN, FNUZ = pairs.FN, pairs.FNUZ
 DECLARED = [(arch, q, k) for arch in AMD for q, k in sorted(pairs.DECLARED[arch])]
-needs_pairs = pytest.mark.skipif(
-    "dtype_pairs" not in {f.name for f in dataclasses.fields(ProviderSpec)},
-    reason="this mqa-core takes no (q, k) dtype pairs yet (COMMON.md shared interface #1)")
 
 
 def _next_provider(d: Decision) -> str:
@@ -126,7 +122,6 @@ def test_preference_for_flydsl_fails_with_the_reason_rather_than_falling_back(as
         mqa_core.get_provider("gfx950")
 
 
-@needs_pairs
 @pytest.mark.parametrize("arch, q, k", DECLARED)
 def test_every_declared_pair_chooses_flydsl(amd_aiter, arch, q, k):
     amd_aiter()
@@ -137,14 +132,12 @@ def test_every_declared_pair_chooses_flydsl(amd_aiter, arch, q, k):
         assert mqa_core.explain(arch, dtype=q).chosen == "flydsl"
 
 
-@needs_pairs
 @pytest.mark.parametrize("q, k", [(FNUZ, FNUZ), (FN, FNUZ), (FNUZ, FN)])
 def test_gfx950_passes_over_flydsl_for_fnuz(amd_aiter, q, k):
     amd_aiter()
     _passed_over(mqa_core.explain("gfx950", dtype=(q, k)), "dtype", "")
 
 
-@needs_pairs
 @pytest.mark.parametrize("dtype", [FNUZ, (FN, FNUZ)])
 def test_gfx942_engine_dtypes_without_aiter_go_to_the_next_provider(amd_aiter, dtype):
     amd_aiter(flydsl=None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import sys
 
@@ -10,17 +9,15 @@ import pytest
 from mqa_provider_flydsl import SPEC, pairs, probe
 from mqa_provider_flydsl.limits import shape_limits
 
-from mqa_core import Problem, ProviderSpec
+from mqa_core import Problem
 
 FN, FNUZ = pairs.FN, pairs.FNUZ
 NEEDS_FLYDSL = "AMD AITER's FlyDSL entry needs the `flydsl` package, which is not installed"
-HAS_PAIRS = "dtype_pairs" in {f.name for f in dataclasses.fields(ProviderSpec)}
 
 
 def test_spec_declares_the_kernel():
     assert SPEC.name == "flydsl"
     assert SPEC.archs == {"gfx942", "gfx950"}
-    assert SPEC.dtypes == {FN}  # the one pair true on both archs: all an mqa-core without pairs sees
     assert SPEC.ops == {"fp8_mqa_logits"}
     assert SPEC.priority == 300
     assert SPEC.load == "mqa_provider_flydsl.kernel:KERNEL"
@@ -35,11 +32,9 @@ def test_pairs_are_what_aiter_takes():
         "got (float8_e4m3fnuz, float8_e4m3fnuz)")
 
 
-@pytest.mark.skipif(not HAS_PAIRS, reason="this mqa-core's ProviderSpec has no dtype_pairs yet "
-                                          "(COMMON.md shared interface #1); the spec passes dtypes only")
-def test_spec_declares_pairs_per_arch_where_core_takes_them():
+def test_spec_declares_pairs_per_arch():
     for arch, declared in pairs.DECLARED.items():
-        assert SPEC.pairs_for(arch) == declared  # type: ignore[attr-defined]
+        assert SPEC.pairs_for(arch) == declared
 
 
 @pytest.mark.parametrize("h", [16, 32, 64, 128, 256, 512])
