@@ -43,7 +43,7 @@ def conversions(arch: str, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[
     pair = (str(q_dtype).removeprefix("torch."), str(k_dtype).removeprefix("torch."))
     served = served_pairs(arch)
     if pair not in served:
-        raise TypeError(f"the Triton kernel does not take (q, k) = {pair} on {arch}; there it serves "
+        raise TypeError(f"the Triton kernel does not take (q, k) = ({pair[0]}, {pair[1]}) on {arch}; there it serves "
                         + ", ".join(f"({q}, {k})" for q, k in sorted(served)))
     fnuz = wants_fnuz(arch)
     return fnuz and q_dtype == torch.float8_e4m3fn, fnuz and k_dtype == torch.float8_e4m3fn
