@@ -112,21 +112,18 @@ class BoundKernel:
     def __call__(self, g0: int, g1: int, g2: int, stream: int, args: tuple[Any, ...]) -> None:
         self._launch(g0, g1, g2, stream, *self._head, *args)
 
-    def descriptor(self, slot: int, key: tuple[Any, ...], make: Callable[[], Any]) -> list[Any]:
-        """The expanded launcher arguments of descriptor parameter number ``slot`` (0 = the first),
-        for the tensor ``key`` = (data pointer, *shape, *strides) identifies; ``make()`` builds the
-        descriptor object on a miss. Holds no tensor: base pointers are kept as ints."""
-        try:
-            return self._tma[(slot, *key)]
-        except KeyError:
-            pass
+    def descriptor(self, key: tuple[Any, ...], make: Callable[[], Any]) -> list[Any]:
+        """The launcher arguments a tensor-descriptor parameter expands to. ``key`` = (descriptor
+        number, 0 for the kernel's first; the tensor's data pointer, shape, strides: whatever
+        identifies the descriptor ``make()`` would build). Holds no tensor: base pointers become ints."""
+        expanded = self._tma.get(key)
+        if expanded is not None:
+            return expanded
         from triton.backends.nvidia.driver import make_tensordesc_arg
 
-        desc = make()
-        expanded = [a if isinstance(a, (int, float, bool)) or a is None else
-                    (a.data_ptr() if hasattr(a, "data_ptr") else a)
-                    for a in make_tensordesc_arg(desc, self._meta[slot])]
+        expanded = [a.data_ptr() if hasattr(a, "data_ptr") else a
+                    for a in make_tensordesc_arg(make(), self._meta[key[0]])]
         if len(self._tma) >= _TMA_CACHE:
             self._tma.pop(next(iter(self._tma)), None)
-        self._tma[(slot, *key)] = expanded
+        self._tma[key] = expanded
         return expanded

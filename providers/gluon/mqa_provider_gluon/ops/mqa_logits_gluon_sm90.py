@@ -703,9 +703,10 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     N = k.shape[0]
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
     misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
+    kst = k.stride()
     key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
            ke.get_device(), clean_logits, tuple(sorted(config.items())) if config else None, q.dtype, k.dtype,
-           k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), k.stride(), k_scale.stride(),
+           k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), kst, k_scale.stride(),
            weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
     plan = _PLANS.get(key)
     if plan is None:
@@ -718,6 +719,7 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         q, k, k_scale, weights, ks, ke = _prepare(q, k, k_scale, weights, ks, ke)
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
                 ke.data_ptr())
+        kst = k.stride()
     out = _new_output(M, N, plan.device)
     n_pad = out.stride(0)
     if M == 0 or N == 0:
@@ -732,11 +734,11 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
         ints = (n_pad, M, N)
     # Triton specialises these ints (== 1, % 16, 64-bit): they pick the compiled kernel too.
-    bkey = (key, *(int_class(v) for v in ints))
+    bkey = (key, *map(int_class, ints))
     if direct and plan.direct:
         bound = _BOUND.get(bkey)
         if bound and not hooks_active():
-            _launch_bound(bound, plan, grid, ptrs, q, k, out.data_ptr(), ints)
+            _launch_bound(bound, plan, grid, ptrs, q, k, kst[0], out.data_ptr(), ints)
             return out
     with _on_device(key[0]):
         compiled = plan.fn[grid](_q_descriptor(q, plan), _k_descriptor(k, plan), weights, k_scale, ks, ke, out,
@@ -780,13 +782,13 @@ def _on_device(index: int) -> Any:
 
 
 def _launch_bound(bound: Any, plan: _Plan, grid: tuple[int, int], ptrs: tuple[int, ...], q: torch.Tensor,
-                  k: torch.Tensor, out_ptr: int, ints: tuple[int, ...]) -> None:
+                  k: torch.Tensor, skn: int, out_ptr: int, ints: tuple[int, ...]) -> None:
     """The arguments ``kernel[grid](...)`` would pass, straight to the bound kernel's launcher:
-    pointers as ints, TMA descriptors encoded once per (pointer, shape, strides)."""
-    M, H, D = q.shape
-    N, skn = k.shape[0], k.stride(0)
-    q_desc = bound.descriptor(0, (ptrs[0], M), lambda: _q_descriptor(q, plan))
-    k_desc = bound.descriptor(1, (ptrs[1], N, skn), lambda: _k_descriptor(k, plan))
+    pointers as ints, TMA descriptors encoded once per (pointer, shape, strides). ``ints``: the
+    output's row stride, M, N (then the split counts of the persistent kernel)."""
+    M, N = ints[1], ints[2]
+    q_desc = bound.descriptor((0, ptrs[0], M), lambda: _q_descriptor(q, plan))
+    k_desc = bound.descriptor((1, ptrs[1], N, skn), lambda: _k_descriptor(k, plan))
     args = (*q_desc, *k_desc, ptrs[3], ptrs[2], ptrs[4], ptrs[5], out_ptr, *ints, *plan.tail)
     index = plan.device.index
     drv = _driver.active

@@ -395,10 +395,11 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     # Everything the plan and Triton's specialisation read, except the sizes M and N (the kernel
     # does not specialise on them; the grid is computed per call) and each tensor's data pointer
     # beyond its 16-byte alignment.
+    qs, kst, sst, wst = q.stride(), k.stride(), k_scale.stride(), weights.stride()
     key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
            ke.get_device(), interpret, clean_logits, config, q.dtype, k.dtype, k_scale.dtype, weights.dtype,
-           ks.dtype, ke.dtype, h, d, q.stride(), k.stride(), k_scale.stride(), weights.stride(), ks.stride(),
-           ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+           ks.dtype, ke.dtype, h, d, qs, kst, sst, wst, ks.stride(), ke.stride(),
+           misaligned and tuple(p & 15 == 0 for p in ptrs))
     plan = _PLANS.get(key)
     if plan is None:
         if len(set(key[:6])) != 1:
@@ -426,8 +427,10 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     if direct and plan.direct and not (m | n | row) >> 31:
         bound = _BOUND.get(key)
         if bound and not hooks_active():
-            _launch_bound(bound, plan, grid, ptrs, q, k, k_scale, weights, out, m, n, splits,
-                          tiles_per_split)
+            if plan.prepare:
+                qs, kst, sst, wst = q.stride(), k.stride(), k_scale.stride(), weights.stride()
+            strides = (qs, kst[0], sst[0], wst[0])
+            _launch_bound(bound, plan, grid, ptrs, strides, k, out.data_ptr(), m, n, row, splits, tiles_per_split)
             return out
     k_desc = _k_descriptor(k, cfg, plan.arch) if plan.tma else None
     with _interpreting() if interpret else _on_device(key[0]):
@@ -450,21 +453,21 @@ def _bind(compiled: Any) -> BoundKernel | bool:
         return False
 
 
-def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, ...], q: torch.Tensor,
-                  k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
-                  m: int, n: int, splits: int, tiles_per_split: int) -> None:
+def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, ...],
+                  strides: tuple[Any, ...], k: torch.Tensor, out_ptr: int, m: int, n: int, row: int, splits: int,
+                  tiles_per_split: int) -> None:
     """The arguments ``kernel[grid](...)`` would pass, straight to the bound kernel's launcher:
-    pointers as ints (the launcher then skips its per-pointer driver query), descriptors cached."""
-    skn = k.stride(0)
+    pointers as ints (the launcher then skips its per-pointer driver query), descriptors cached.
+    ``strides``: q's, then the row strides of k, k_scale and weights."""
+    qs, skn, sks, swm = strides
     if plan.tma:
-        k_desc = bound.descriptor(0, (ptrs[1], n, skn), lambda: _k_descriptor(k, plan.cfg, plan.arch))
+        k_desc = bound.descriptor((0, ptrs[1], n, skn), lambda: _k_descriptor(k, plan.cfg, plan.arch))
     else:
         k_desc = [None]
-    qs = q.stride()
-    args = (ptrs[0], ptrs[1], *k_desc, ptrs[2], ptrs[3], ptrs[4], ptrs[5], out.data_ptr(), m, n, qs[0], qs[1],
-            skn, k_scale.stride(0), weights.stride(0), out.stride(0), splits, tiles_per_split, *plan.tail)
     index = plan.device.index
     drv = driver.active
+    args = (ptrs[0], ptrs[1], *k_desc, ptrs[2], ptrs[3], ptrs[4], ptrs[5], out_ptr, m, n, qs[0], qs[1], skn, sks,
+            swm, row, splits, tiles_per_split, *plan.tail)
     if index is None or drv.get_current_device() == index:
         bound(grid, 1, 1, drv.get_current_stream(index), args)
     else:
