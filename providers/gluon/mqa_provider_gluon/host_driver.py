@@ -14,42 +14,58 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import triton.backends.nvidia.driver as nvdriver
 from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.driver import CudaLauncher, wrap_handle_tensordesc
 from triton.runtime.driver import driver
 
 __all__ = ["HostOnlyDriver", "Launch", "host_only"]
 
-#: What the C launcher received: the base arguments (grid, stream, function handle, ...) and the
-#: kernel's own arguments after descriptor expansion, with tensors replaced by their data pointers.
+#: What the C launcher received, in the installed triton's order: the base arguments (grid, stream,
+#: function handle, ...) and the kernel's own arguments after descriptor expansion, with tensors
+#: replaced by their data pointers and the profiler-only ones (launch metadata, hooks) by None.
 Launch = tuple[Any, ...]
+_PROFILER_ONLY = ("LazyDict", "HookChain")
 
 
 def _plain(arg: Any) -> Any:
-    return arg.data_ptr() if isinstance(arg, torch.Tensor) else arg
+    if isinstance(arg, torch.Tensor):
+        return arg.data_ptr()
+    if isinstance(arg, (tuple, list)):
+        return tuple(_plain(a) for a in arg)
+    return None if type(arg).__name__ in _PROFILER_ONLY else arg
 
 
 class _Utils:
-    def __init__(self, sms: int) -> None:
+    def __init__(self, sms: int, launch: Callable[..., None]) -> None:
         self.sms = sms
+        self.launch = launch  # the C launch function of tritons after 3.6
 
     def get_device_properties(self, device: int) -> dict[str, int]:
         return {"max_shared_mem": 232448, "multiprocessor_count": self.sms, "max_num_regs": 65536,
                 "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000, "mem_bus_width": 6144}
 
+    def build_signature_metadata(self, signature: list[str]) -> tuple[str, ...]:
+        return tuple(signature)
+
     def load_binary(self, name: str, kernel: bytes, shared: int, device: int) -> tuple[Any, ...]:
         # The "function handle" names the binary: two launches share it only if they share code.
         return object(), f"{name}:{hashlib.sha1(kernel).hexdigest()[:16]}", 0, 0, 1024
+
+    def unload_module(self, module: Any) -> None:  # later tritons unload a kernel's module on deletion
+        pass
 
     def fill_tma_descriptor(self, ptr: int, swizzle: int, elem_size: int, elem_type: int,
                             block: list[int], shape: list[int], strides: list[int], padding: int) -> tuple:
         # The real one encodes a CUtensorMap from exactly these values; equal inputs, equal map.
         return ("tma", ptr, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides),
                 padding)
+
+    fill_tma_descriptor_tiled = fill_tma_descriptor  # its name in later tritons
 
 
 class HostOnlyDriver:
@@ -58,33 +74,37 @@ class HostOnlyDriver:
     def __init__(self, target: GPUTarget | None = None, sms: int = 132,
                  launch: Callable[..., None] | None = None) -> None:
         self.target = target or GPUTarget("cuda", 90, 32)
-        self.utils = _Utils(sms)
         self.launches: list[Launch] = []
         self._launch = launch if launch is not None else self._record
-        owner = self
+        self.utils = _Utils(sms, self._launch)
+        fake_module = types.SimpleNamespace(launch=self._launch)
 
-        class Launcher(CudaLauncher):
-            """CudaLauncher without its compiled C module: the Python wrapper is Triton's own."""
+        class Launcher(nvdriver.CudaLauncher):
+            """Triton's own CudaLauncher, its Python wrapper included; only the C parts are ours.
+            (triton 3.6 compiles a C module per kernel, linking libcuda: here that module is a
+            stand-in. Later tritons take the driver's ``utils.launch``, which is ours already, and
+            describe arguments with types from their C utils module, which stand-ins replace.)"""
 
             def __init__(self, src: Any, metadata: Any) -> None:
-                signature = dict(src.signature.items())
-                self.launch = wrap_handle_tensordesc(owner._launch, signature,
-                                                     getattr(metadata, "tensordesc_meta", None))
-                self.num_ctas = getattr(metadata, "num_ctas", 1)
-                self.global_scratch_size = metadata.global_scratch_size
-                self.global_scratch_align = metadata.global_scratch_align
-                self.profile_scratch_size = metadata.profile_scratch_size
-                self.profile_scratch_align = metadata.profile_scratch_align
-                self.launch_cooperative_grid = metadata.launch_cooperative_grid
-                self.launch_pdl = metadata.launch_pdl
+                stand_ins = {"compile_module_from_src": lambda *a, **k: fake_module, "library_dirs": lambda: [],
+                             "PyKernelArg": lambda nested_tuple, type: ("arg", type, nested_tuple),
+                             "ARG_CONSTEXPR": "constexpr", "ARG_KERNEL": "kernel", "ARG_TUPLE": "tuple"}
+                # only what this triton has; the argument types only while its C module is not loaded
+                names = [n for n in stand_ins if hasattr(nvdriver, n)
+                         and (n in ("compile_module_from_src", "library_dirs") or getattr(nvdriver, n) is None)]
+                saved = {n: getattr(nvdriver, n) for n in names}
+                try:
+                    for n in names:
+                        setattr(nvdriver, n, stand_ins[n])
+                    super().__init__(src, metadata)
+                finally:
+                    for n, v in saved.items():
+                        setattr(nvdriver, n, v)
 
         self.launcher_cls = Launcher
 
     def _record(self, *args: Any) -> None:
-        # args: grid x3, stream, function, cooperative, pdl, scratch x2, packed metadata, launch
-        # metadata, enter hook, exit hook, then the kernel's arguments. Hooks and launch metadata
-        # are left out: they only feed profilers.
-        self.launches.append(tuple(_plain(a) for a in args[:10]) + tuple(_plain(a) for a in args[13:]))
+        self.launches.append(_plain(args))
 
     def get_current_target(self) -> GPUTarget:
         return self.target

@@ -13,6 +13,9 @@ Triton would specialise their arguments identically (:func:`int_class` is what T
 int). Tensor descriptors are encoded once per (data pointer, shape, strides): an encoded descriptor is
 a pure function of those values, so a cached one can never point at another tensor.
 
+Process-wide Triton settings that enter its cache key (``TRITON_DEBUG``, instrumentation) are read
+when a signature is bound; changing them later in the process does not rebind.
+
 Written against triton 3.6's internals (``CompiledKernel.run``, ``CudaLauncher``,
 ``wrap_handle_tensordesc``, ``make_tensordesc_arg``); :func:`direct_launch_unsupported` says why it
 is off elsewhere (other triton versions, ROCm), where callers use the normal launch.
@@ -26,7 +29,7 @@ from typing import Any
 
 from triton import knobs
 
-__all__ = ["DIRECT_TRITON", "BoundKernel", "DirectLaunchUnavailable", "direct_launch_unsupported",
+__all__ = ["DIRECT_TRITON", "BoundKernel", "DirectLaunchUnavailable", "bind", "direct_launch_unsupported",
            "hooks_active", "int_class"]
 
 #: triton releases whose launch internals this module was written and tested against.
@@ -127,3 +130,14 @@ class BoundKernel:
             self._tma.pop(next(iter(self._tma)), None)
         self._tma[key] = expanded
         return expanded
+
+
+def bind(compiled: Any) -> BoundKernel | bool:
+    """A BoundKernel for what ``kernel[grid](...)`` returned, or False where it cannot be launched
+    directly (callers then keep launching through Triton, and remember not to try again)."""
+    if compiled is None or not hasattr(compiled, "packed_metadata"):
+        return False  # a compile hook cancelled the launch, or an interpreter ran it
+    try:
+        return BoundKernel(compiled)
+    except DirectLaunchUnavailable:
+        return False

@@ -108,7 +108,7 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     )
     from triton.runtime.driver import driver as _driver
 
-    from ..launch import hooks_active, int_class
+    from ..launch import bind, hooks_active, int_class
 
     _jit, _constexpr_function = gluon.jit, gluon.constexpr_function
     _GLUON_IMPORT_ERROR: str | None = None
@@ -744,7 +744,7 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         compiled = plan.fn[grid](_q_descriptor(q, plan), _k_descriptor(k, plan), weights, k_scale, ks, ke, out,
                                  *ints, **plan.kw)
         if direct and plan.direct and bkey not in _BOUND:
-            _remember(_BOUND, bkey, _bind(compiled))
+            _remember(_BOUND, bkey, bind(compiled))
     return out
 
 
@@ -762,16 +762,6 @@ def _k_descriptor(k: torch.Tensor, plan: _Plan) -> Any:
 
     N, D = k.shape
     return TensorDescriptor(k, [N, D], [k.stride(0), 1], [plan.cfg["BN"], D], plan.k_layout)
-
-
-def _bind(compiled: Any) -> Any:
-    """A BoundKernel for later calls of this signature, or False where direct launches cannot work."""
-    from ..launch import BoundKernel, DirectLaunchUnavailable
-
-    try:
-        return BoundKernel(compiled)
-    except DirectLaunchUnavailable:
-        return False
 
 
 def _on_device(index: int) -> Any:

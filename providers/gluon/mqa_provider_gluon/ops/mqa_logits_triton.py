@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.runtime.driver import driver
 
 from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
-from ..launch import BoundKernel, DirectLaunchUnavailable, direct_launch_unsupported, hooks_active
+from ..launch import BoundKernel, bind, direct_launch_unsupported, hooks_active
 
 __all__ = ["TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel"]
 
@@ -441,16 +441,8 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
             **plan.consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if direct and plan.direct and key not in _BOUND:
-            _remember(_BOUND, key, _bind(compiled))
+            _remember(_BOUND, key, bind(compiled))
     return out
-
-
-def _bind(compiled: Any) -> BoundKernel | bool:
-    """A BoundKernel for later calls of this signature, or False where direct launches cannot work."""
-    try:
-        return BoundKernel(compiled)
-    except DirectLaunchUnavailable:
-        return False
 
 
 def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, ...],
