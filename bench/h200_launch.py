@@ -156,6 +156,10 @@ def main() -> int:
     rows["triton triton-run"] = lambda: tr_op.fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True, direct=False)
     rows["torch.empty"] = lambda: torch.empty((M, N), dtype=torch.float32, device=device)
 
+    from mqa_provider_gluon.launch import direct_launch_unsupported, hooks_active
+
+    gate = direct_launch_unsupported() or ("triton launch hooks are registered" if hooks_active() else None)
+    print(f"direct launches: {'on' if gate is None else 'OFF: ' + gate}")
     with stack:
         t = time.time()
         for fn in rows.values():  # first calls compile and bind
@@ -183,6 +187,7 @@ def main() -> int:
     import triton
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "python": platform.python_version(),
+            "direct": gate or "on",
             "torch": torch.__version__, "triton": triton.__version__, "mode": "cpu host-only" if a.cpu else "cuda",
             "device": torch.cuda.get_device_name() if not a.cpu else platform.processor() or "cpu",
             "m": M, "n": N, "h": H, "d": D, "calls": calls, "rounds": a.rounds}
@@ -194,7 +199,8 @@ def main() -> int:
             json.dump({"meta": meta, "rows": {k: {"host_us": v[0], "wall_us": v[1], "device_us": device_us.get(k)}
                                               for k, v in costs.items()}}, f, indent=1)
     print(f"\n{meta['date']}  {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  "
-          f"M={M} N={N} H={H} D={D} clean  ({calls} calls x {a.rounds} rounds, medians)")
+          f"M={M} N={N} H={H} D={D} clean  ({calls} calls x {a.rounds} rounds, medians; direct launches "
+          f"{meta['direct']})")
     print(f"{'row':<18} {'host us/call':>12} {'with sync':>10} {'device us':>10} {'x deepgemm':>10}")
     for name, (host, wall) in costs.items():
         dev = device_us.get(name)
