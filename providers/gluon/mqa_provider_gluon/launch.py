@@ -34,8 +34,10 @@ __all__ = ["DIRECT_TRITON", "BoundKernel", "DirectLaunchUnavailable", "bind", "d
 
 #: triton releases whose launch internals this module was written and tested against.
 DIRECT_TRITON = ("3.6.",)
-#: Encoded descriptors kept per bound kernel (a few tensors per layer, reused by the allocator).
-_TMA_CACHE = 64
+#: Encoded descriptors kept per bound kernel: a model's layers each bring their own k (and the
+#: allocator hands q the same few addresses), so a few hundred cover a repeated step. A miss costs
+#: what every call cost before: building and encoding the descriptor.
+_TMA_CACHE = 256
 
 
 class DirectLaunchUnavailable(RuntimeError):
