@@ -18,6 +18,14 @@ from mqa_provider_gluon.ops.mqa_logits_triton import TritonConfig, fp8_mqa_logit
 SMALL = TritonConfig(block_m=2, block_n=32, num_warps=4, num_stages=2)
 
 
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """Each test decides its plans anew (some fake what the device reports), and leaves none behind."""
+    op.clear_caches()
+    yield
+    op.clear_caches()
+
+
 @pytest.fixture
 def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
     """Interpreter for this test only, and an output buffer poisoned with NaN so unwritten cells show."""
@@ -69,7 +77,7 @@ def test_every_row_empty(interpret):
 
 def test_key_splits_cover_every_tile(interpret, monkeypatch: pytest.MonkeyPatch):
     """Few query blocks on a big device split the keys; each split fills its own -inf tiles."""
-    monkeypatch.setattr(op, "_num_programs_wanted", lambda device: 16)
+    monkeypatch.setattr(op, "_device_facts", lambda index: ("cpu", 16))
     inp = make_inputs(Problem(3, 150, 16, 64), window="ragged", seed=11)
     inp.ks[1], inp.ke[1] = 70, 80  # a window inside one split: the other splits only fill -inf
     for clean in (True, False):
@@ -102,7 +110,7 @@ def test_fnuz_inputs_give_the_same_logits(interpret):
 
 def test_fnuz_conversion_when_the_arch_wants_it(interpret, monkeypatch: pytest.MonkeyPatch):
     """On gfx942 the launcher converts e4m3fn inputs itself."""
-    monkeypatch.setattr(op, "wants_fnuz", lambda arch: True)
+    monkeypatch.setattr(op, "_device_facts", lambda index: ("gfx942", 1))
     seen = []
     real = op.e4m3fn_to_e4m3fnuz
     monkeypatch.setattr(op, "e4m3fn_to_e4m3fnuz", lambda x, s: seen.append(x.shape) or real(x, s))

@@ -7,9 +7,11 @@ portable Triton kernel, one notch lower), so the two can be A/B'd by name on the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import importlib.util
 import os
+from typing import Any
 
 from mqa_core import Problem, ProviderSpec, hookimpl
 
@@ -17,6 +19,21 @@ from mqa_core import Problem, ProviderSpec, hookimpl
 ARCHS = ("sm_90", "sm_100", "gfx942", "gfx950", "cpu")
 HEADS = (16, 32, 64, 128)
 HEAD_DIMS = (64, 128)
+FN, FNUZ = "float8_e4m3fn", "float8_e4m3fnuz"
+#: (q dtype, k dtype) pairs the kernels serve, per arch. The launcher follows this table
+#: (``fp8.conversions``), so what is declared is what runs:
+#: - gfx942's MFMA reads e4m3fnuz: fnuz operands go in untouched; an e4m3fn operand is relabelled
+#:   exactly (half the value, its scale doubled). With an fnuz k only q, the small operand, is.
+#: - NVIDIA and gfx950 multiply OCP e4m3 (gfx950 would upcast fnuz to fp16 MMAs). No exact fnuz ->
+#:   e4m3fn relabelling exists (fnuz +-240 would be +-480), so fnuz is not served there.
+#: - the CPU (Triton's interpreter) computes every pair as it is.
+DTYPE_PAIRS: dict[str, frozenset[tuple[str, str]]] = {
+    "gfx942": frozenset({(FNUZ, FNUZ), (FN, FNUZ), (FN, FN)}),
+    "gfx950": frozenset({(FN, FN)}),
+    "sm_90": frozenset({(FN, FN)}),
+    "sm_100": frozenset({(FN, FN)}),
+    "cpu": frozenset({(FN, FN), (FNUZ, FNUZ), (FN, FNUZ), (FNUZ, FN)}),
+}
 #: Distributions that provide the ``triton`` module (upstream, ROCm's build, nightlies).
 TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly")
 
@@ -48,10 +65,18 @@ def shape_limits(p: Problem) -> str | None:
 
 
 def _spec(name: str, priority: int, attr: str, description: str) -> ProviderSpec:
-    return ProviderSpec(name=name, ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs=ARCHS,
-                        dtypes={"float8_e4m3fn"}, priority=priority,
-                        load=f"mqa_provider_gluon.kernels:{attr}", check=check,
-                        shape_limits=shape_limits, description=description)
+    kwargs: dict[str, Any] = dict(name=name, ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs=ARCHS,
+                                  dtypes={FN}, priority=priority, load=f"mqa_provider_gluon.kernels:{attr}",
+                                  check=check, shape_limits=shape_limits, description=description)
+    # Until every mqa-core this provider meets has per-arch dtype pairs, declare them only where
+    # ProviderSpec has the field; an older core gets e4m3fn alone, which every arch here serves.
+    fields = {f.name: f for f in dataclasses.fields(ProviderSpec)}
+    if "dtype_pairs" in fields:
+        kwargs["dtype_pairs"] = DTYPE_PAIRS
+        dtypes = fields["dtypes"]
+        if dtypes.default is not dataclasses.MISSING or dtypes.default_factory is not dataclasses.MISSING:
+            del kwargs["dtypes"]  # optional there: the pairs alone say it
+    return ProviderSpec(**kwargs)
 
 
 SPECS = (

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["FNUZ_ARCHS", "e4m3fn_to_e4m3fnuz", "wants_fnuz"]
+__all__ = ["FNUZ_ARCHS", "conversions", "e4m3fn_to_e4m3fnuz", "served_pairs", "wants_fnuz"]
 
 #: Archs whose fp8 MMA reads e4m3fnuz rather than OCP e4m3fn.
 FNUZ_ARCHS = frozenset({"gfx942"})
@@ -24,6 +24,29 @@ S = TypeVar("S", torch.Tensor, float)
 def wants_fnuz(arch: str) -> bool:
     """Whether fp8 tensors for ``arch`` must be e4m3fnuz."""
     return arch in FNUZ_ARCHS
+
+
+def served_pairs(arch: str) -> frozenset[tuple[str, str]]:
+    """The (q, k) dtype names the Triton kernel serves on ``arch``: the spec's table; e4m3fn alone
+    for an arch the table does not list."""
+    from . import DTYPE_PAIRS, FN
+
+    return DTYPE_PAIRS.get(arch, frozenset({(FN, FN)}))
+
+
+def conversions(arch: str, q_dtype: torch.dtype, k_dtype: torch.dtype) -> tuple[bool, bool]:
+    """Whether q and k must be relabelled e4m3fn -> e4m3fnuz before the kernel runs on ``arch``.
+
+    Only where the MMA reads fnuz and the operand is e4m3fn; an operand already in the kernel's
+    format is never touched. Raises TypeError, naming the pair, for a pair ``arch`` is not served.
+    """
+    pair = (str(q_dtype).removeprefix("torch."), str(k_dtype).removeprefix("torch."))
+    served = served_pairs(arch)
+    if pair not in served:
+        raise TypeError(f"the Triton kernel does not take (q, k) = ({pair[0]}, {pair[1]}) on {arch}; there it serves "
+                        + ", ".join(f"({q}, {k})" for q, k in sorted(served)))
+    fnuz = wants_fnuz(arch)
+    return fnuz and q_dtype == torch.float8_e4m3fn, fnuz and k_dtype == torch.float8_e4m3fn
 
 
 def e4m3fn_to_e4m3fnuz(x: torch.Tensor, scale: S) -> tuple[torch.Tensor, S]:

@@ -1,14 +1,35 @@
 """The kernel objects behind the ``gluon`` and ``triton`` specs: pick a kernel per device, then launch.
 
-Loading this module is cheap (no triton import); the kernel modules load on the first call. e4m3fn
-inputs are converted exactly for gfx942 inside the Triton launcher.
+Loading this module is cheap (no triton import); the kernel modules load on the first call. Which
+launcher serves a device is decided once per device; the launchers themselves decide the rest once per
+call signature (see ``mqa_provider_gluon.launch``). (q, k) dtype pairs each arch serves: ``DTYPE_PAIRS``;
+on gfx942 the Triton launcher relabels e4m3fn operands to e4m3fnuz exactly.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+#: A prefill launcher: (q, k, k_scale, weights, ks, ke, clean_logits) -> logits.
+Launcher = Callable[..., torch.Tensor]
+
+
+@functools.cache
+def prefill_launcher(use_gluon: bool, device_index: int) -> Launcher:
+    """The launcher for a device (-1: the CPU): the Gluon sm_90 kernel where it runs and is wanted,
+    else the portable Triton kernel. Cached: a device does not change what it is."""
+    if use_gluon and device_index >= 0:
+        from .ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon, gluon_supported
+
+        if gluon_supported(device_index) is None:
+            return fp8_mqa_logits_gluon
+    from .ops.mqa_logits_triton import fp8_mqa_logits_triton
+
+    return fp8_mqa_logits_triton
 
 
 @dataclass(frozen=True)
@@ -19,16 +40,9 @@ class MqaKernels:
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                        cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
                        clean_logits: bool = True) -> torch.Tensor:
-        k, k_scale = kv
-        k_scale = k_scale.reshape(-1)
-        if self.use_gluon and q.is_cuda:
-            from .ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon, gluon_supported
-
-            if gluon_supported(q.device) is None:
-                return fp8_mqa_logits_gluon(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
-        from .ops.mqa_logits_triton import fp8_mqa_logits_triton
-
-        return fp8_mqa_logits_triton(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+        k, k_scale = kv  # k_scale [N] or [N, 1]: both launchers take either as it is
+        return prefill_launcher(self.use_gluon, q.get_device())(q, k, k_scale, weights, cu_seqlen_ks,
+                                                                 cu_seqlen_ke, clean_logits)
 
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int, *,

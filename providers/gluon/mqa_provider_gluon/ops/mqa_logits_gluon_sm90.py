@@ -27,6 +27,8 @@ Gluon is imported lazily: importing this module never fails on another triton ve
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 from typing import Any
 
@@ -104,6 +106,9 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.runtime.driver import driver as _driver
+
+    from ..launch import bind, hooks_active, int_class
 
     _jit, _constexpr_function = gluon.jit, gluon.constexpr_function
     _GLUON_IMPORT_ERROR: str | None = None
@@ -576,51 +581,212 @@ def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple
     return "simple", common
 
 
-def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
-                         ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True, *,
-                         config: dict[str, Any] | None = None) -> torch.Tensor:
-    """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a call signature needs, decided on its first call: the kernel and its constexprs, the
+    grid's sizing, the shared-memory layouts of the two TMA descriptors, and which operands need a
+    copy (none, when they arrive in the layout the kernel reads)."""
 
-    Returns an [M, N] fp32 view of an [M, N_pad] allocation (row stride 16-byte aligned for TMA).
-    """
+    device: torch.device
+    cfg: dict[str, Any]
+    name: str
+    kw: dict[str, Any]
+    fn: Any
+    sms: int
+    q_layout: Any
+    k_layout: Any
+    prepare: bool
+    #: The constexprs in parameter order: the C launcher skips them, but counts them.
+    tail: tuple[Any, ...]
+    direct: bool
+
+
+#: Plans and bound kernels per call signature. Bounded: a process sees a handful of signatures.
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_BOUND: dict[tuple[Any, ...], Any] = {}
+_CACHE_SIZE = 256
+#: The runtime parameters that precede the constexprs, per kernel.
+_RUNTIME = {"pws": 12, "ws": 10, "simple": 10}
+
+
+def clear_caches() -> None:
+    """Forget every plan and bound kernel (tests that fake a device use this)."""
+    _PLANS.clear()
+    _BOUND.clear()
+
+
+def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)), None)  # oldest first; a steady workload never gets here
+    cache[key] = value
+
+
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _make_plan(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+               ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool, config: dict[str, Any] | None,
+               ptrs: tuple[int, ...]) -> _Plan:
+    from triton.experimental.gluon import language as gl
+
+    from ..launch import direct_launch_unsupported
+
     reason = gluon_supported(q.device)
     if reason:
         raise RuntimeError(reason)
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     M, H, D = q.shape
-    N = k.shape[0]
     if q.dtype != torch.float8_e4m3fn or k.dtype != torch.float8_e4m3fn:
         raise TypeError(f"q and k must be float8_e4m3fn, got {q.dtype} and {k.dtype}")
     if k.shape[1] != D or D % 16 or D > 256:
         raise ValueError(f"need k [N, D] with q's D, D a multiple of 16 and <= 256; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
     cfg = resolve_config(H, config)
-    bq, bn = cfg["BQ"], cfg["BN"]
-    n_pad = (N + 3) // 4 * 4
-    out = torch.empty((M, n_pad), dtype=torch.float32, device=q.device)[:, :N]
+    name, kw = kernel_launch_args(cfg, H, clean_logits)
+    fn = _kernels()[name]
+    params = fn.arg_names[_RUNTIME[name]:]
+    # TMA reads q as [M*H, D] rows and k as [N, D] rows: 16-byte aligned bases and row strides,
+    # unit inner strides. The kernel indexes weights as [M, H] rows and the rest as vectors.
+    q_ok = q.stride() == (H * D, D, 1) and ptrs[0] % 16 == 0
+    k_ok = k.stride(1) == 1 and k.stride(0) % 16 == 0 and ptrs[1] % 16 == 0
+    vec_ok = all(t.stride(0) == 1 for t in (k_scale, ks, ke)) and weights.stride() == (H, 1)
+    dtypes_ok = (k_scale.dtype == weights.dtype == torch.float32 and ks.dtype == ke.dtype == torch.int32)
+    return _Plan(device=q.device, cfg=cfg, name=name, kw=kw, fn=fn, sms=_multiprocessors(q.get_device()),
+                 q_layout=gl.NVMMASharedLayout.get_default_for([cfg["BQ"] * H, D], gl.float8e4nv),
+                 k_layout=gl.NVMMASharedLayout.get_default_for([cfg["BN"], D], gl.float8e4nv),
+                 prepare=not (q_ok and k_ok and vec_ok and dtypes_ok), tail=tuple(kw[p] for p in params),
+                 direct=direct_launch_unsupported() is None)
+
+
+def _prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+             ks: torch.Tensor, ke: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The operands in the layouts the kernel reads; each copied only where it is not already so."""
+    M, H, D = q.shape
+    if q.stride() != (H * D, D, 1):
+        q = q.contiguous()
+    if k.stride(1) != 1 or k.stride(0) % 16:
+        k = k.contiguous()
+    k_scale = k_scale.reshape(-1)
+    if k_scale.dtype != torch.float32 or k_scale.stride(0) != 1:
+        k_scale = k_scale.float().contiguous()
+    if weights.dtype != torch.float32 or weights.stride() != (H, 1):
+        weights = weights.float().contiguous()
+    ks = ks if ks.dtype == torch.int32 and ks.stride(0) == 1 else ks.to(torch.int32).contiguous()
+    ke = ke if ke.dtype == torch.int32 and ke.stride(0) == 1 else ke.to(torch.int32).contiguous()
+    return _aligned(q), _aligned(k), k_scale, weights, ks, ke
+
+
+def _new_output(M: int, N: int, device: torch.device) -> torch.Tensor:
+    """[M, N] fp32 with rows padded to 4 floats (16 bytes, as TMA and vector stores want)."""
+    return torch.empty_strided((M, N), ((N + 3) // 4 * 4, 1), dtype=torch.float32, device=device)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its base is 16-byte aligned (as TMA requires), else an aligned copy."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                         ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True, *,
+                         config: dict[str, Any] | None = None, direct: bool = True) -> torch.Tensor:
+    """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
+
+    Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA).
+    The first call of a signature (devices, dtypes, strides, alignments, config) decides the kernel,
+    its constexprs and any copies, and launches through Triton; later ones, with ``direct`` (the
+    default), launch the kernel Triton compiled then, with TMA descriptors encoded once per tensor
+    (see ``mqa_provider_gluon.launch``). Nothing is copied when the operands are already laid out as
+    the kernel reads them.
+    """
+    clean_logits = bool(clean_logits)
+    M, H, D = q.shape
+    N = k.shape[0]
+    ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+    misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
+    kst = k.stride()
+    key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
+           ke.get_device(), clean_logits, tuple(sorted(config.items())) if config else None, q.dtype, k.dtype,
+           k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), kst, k_scale.stride(),
+           weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(set(key[:6])) != 1:
+            raise ValueError("fp8_mqa_logits_gluon: all tensors must be on one device; got "
+                             f"{[str(t.device) for t in (q, k, k_scale, weights, ks, ke)]}")
+        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, config, ptrs)
+        _remember(_PLANS, key, plan)
+    if plan.prepare:
+        q, k, k_scale, weights, ks, ke = _prepare(q, k, k_scale, weights, ks, ke)
+        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
+                ke.data_ptr())
+        kst = k.stride()
+    out = _new_output(M, N, plan.device)
+    n_pad = out.stride(0)
     if M == 0 or N == 0:
         return out.fill_(float("-inf")) if clean_logits else out
-    q2 = _tma_ready(q.reshape(M * H, D))
-    k = _tma_ready(k)
-    q_desc = TensorDescriptor.from_tensor(q2, [bq * H, D], gl.NVMMASharedLayout.get_default_for([bq * H, D],
-                                                                                                 gl.float8e4nv))
-    k_desc = TensorDescriptor.from_tensor(k, [bn, D], gl.NVMMASharedLayout.get_default_for([bn, D], gl.float8e4nv))
-    ksc = k_scale.reshape(N).contiguous().float()
-    w = weights.contiguous().float()
-    ks_i = ks.contiguous().to(torch.int32)
-    ke_i = ke.contiguous().to(torch.int32)
-    name, kw = kernel_launch_args(cfg, H, clean_logits)
-    if name == "pws":
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        splits, tps = persistent_split(M, N, bq, bn, sms * cfg["items_per_sm"])
-        grid = (min(sms, triton_cdiv(M, bq) * splits), )
-        _kernels()[name][grid](q_desc, k_desc, w, ksc, ks_i, ke_i, out, out.stride(0), M, N, splits, tps, **kw)
-        return out
-    grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
-    _kernels()[name][grid](q_desc, k_desc, w, ksc, ks_i, ke_i, out, out.stride(0), M, N, **kw)
+    cfg = plan.cfg
+    bq, bn = cfg["BQ"], cfg["BN"]
+    if plan.name == "pws":
+        splits, tps = persistent_split(M, N, bq, bn, plan.sms * cfg["items_per_sm"])
+        grid = (min(plan.sms, triton_cdiv(M, bq) * splits), 1)
+        ints: tuple[int, ...] = (n_pad, M, N, splits, tps)
+    else:
+        grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
+        ints = (n_pad, M, N)
+    # Triton specialises these ints (== 1, % 16, 64-bit): they pick the compiled kernel too.
+    bkey = (key, *map(int_class, ints))
+    if direct and plan.direct:
+        bound = _BOUND.get(bkey)
+        if bound and not hooks_active():
+            _launch_bound(bound, plan, grid, ptrs, q, k, kst[0], out.data_ptr(), ints)
+            return out
+    with _on_device(key[0]):
+        compiled = plan.fn[grid](_q_descriptor(q, plan), _k_descriptor(k, plan), weights, k_scale, ks, ke, out,
+                                 *ints, **plan.kw)
+        if direct and plan.direct and bkey not in _BOUND:
+            _remember(_BOUND, bkey, bind(compiled))
     return out
+
+
+def _q_descriptor(q: torch.Tensor, plan: _Plan) -> Any:
+    """q [M, H, D] as TMA sees it: [M*H, D] rows, one [BQ*H, D] box per query block."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    M, H, D = q.shape
+    return TensorDescriptor(q, [M * H, D], [D, 1], [plan.cfg["BQ"] * H, D], plan.q_layout)
+
+
+def _k_descriptor(k: torch.Tensor, plan: _Plan) -> Any:
+    """k [N, D] (any 16-byte aligned row stride), one [BN, D] box per key tile."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    N, D = k.shape
+    return TensorDescriptor(k, [N, D], [k.stride(0), 1], [plan.cfg["BN"], D], plan.k_layout)
+
+
+def _on_device(index: int) -> Any:
+    """Triton launches on the current device: make it ``index`` unless it already is."""
+    if index < 0 or _driver.active.get_current_device() == index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
+
+
+def _launch_bound(bound: Any, plan: _Plan, grid: tuple[int, int], ptrs: tuple[int, ...], q: torch.Tensor,
+                  k: torch.Tensor, skn: int, out_ptr: int, ints: tuple[int, ...]) -> None:
+    """The arguments ``kernel[grid](...)`` would pass, straight to the bound kernel's launcher:
+    pointers as ints, TMA descriptors encoded once per (pointer, shape, strides). ``ints``: the
+    output's row stride, M, N (then the split counts of the persistent kernel)."""
+    M, N = ints[1], ints[2]
+    q_desc = bound.descriptor((0, ptrs[0], M), lambda: _q_descriptor(q, plan))
+    k_desc = bound.descriptor((1, ptrs[1], N, skn), lambda: _k_descriptor(k, plan))
+    args = (*q_desc, *k_desc, ptrs[3], ptrs[2], ptrs[4], ptrs[5], out_ptr, *ints, *plan.tail)
+    index = plan.device.index
+    drv = _driver.active
+    if index is None or drv.get_current_device() == index:
+        bound(grid[0], grid[1], 1, drv.get_current_stream(index), args)
+    else:
+        with torch.cuda.device(index):
+            bound(grid[0], grid[1], 1, drv.get_current_stream(index), args)
 
 
 def persistent_split(M: int, N: int, bq: int, bn: int, items: int) -> tuple[int, int]:
@@ -634,12 +800,6 @@ def persistent_split(M: int, N: int, bq: int, bn: int, items: int) -> tuple[int,
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous with a 16-byte aligned base, as a TMA descriptor requires (copies only when not)."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None):

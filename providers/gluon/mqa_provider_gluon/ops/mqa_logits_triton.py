@@ -19,8 +19,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.driver import driver
 
-from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
+from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
+from ..launch import BoundKernel, bind, direct_launch_unsupported, hooks_active
 
 __all__ = ["TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel"]
 
@@ -235,30 +237,16 @@ def _interpreting() -> Iterator[None]:
                     setattr(ns, name, before[name])
 
 
-def _arch_of(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "cpu"
+# ---- the launcher: decided once per call signature, then only the launch ---------------------
+
+def _device_facts(index: int) -> tuple[str, int]:
+    """(arch, programs that fill the device) for a CUDA device index; ("cpu", 1) for -1."""
+    if index < 0:
+        return "cpu", 1
     from mqa_core.arch import arch_of_device
 
-    return arch_of_device(device)
-
-
-def _k_descriptor(k: torch.Tensor, cfg: TritonConfig, arch: str) -> Any | None:
-    """A host TMA descriptor for key tiles, or None where TMA does not apply (not NVIDIA sm_90+,
-    k not 16-byte aligned, a row wider than one 128-byte swizzle)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    d_pad = _d_pad(k.shape[1])
-    usable = (arch == "cpu" or (arch.startswith("sm_") and int(arch[3:]) >= 90)) and d_pad <= 128
-    if not usable or k.data_ptr() % 16 or k.stride(0) % 16:
-        return None
-    return TensorDescriptor(k, list(k.shape), [k.stride(0), 1], [cfg.block_n, d_pad])
-
-
-def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
-    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
-    row = triton.cdiv(max(n, 1), _ROW_ALIGN) * _ROW_ALIGN
-    return torch.empty((m, row), dtype=torch.float32, device=device)[:, :n]
+    device = torch.device("cuda", index)
+    return arch_of_device(device), _num_programs_wanted(device)
 
 
 def _num_programs_wanted(device: torch.device) -> int:
@@ -267,57 +255,213 @@ def _num_programs_wanted(device: torch.device) -> int:
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
-                          weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
-                          clean_logits: bool = True, *,
-                          config: TritonConfig | None = None) -> torch.Tensor:
-    """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) for ks[m] <= n < ke[m].
+def _k_descriptor(k: torch.Tensor, cfg: TritonConfig, arch: str) -> Any | None:
+    """A host TMA descriptor for key tiles, or None where TMA does not apply (see :func:`_tma_usable`)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
-    Inputs follow DESIGN.md's contract (fp8 q [M, H, D] and k [N, D] of one dtype, k_scale [N] or
-    [N, 1], weights [M, H] fp32, int32 windows). Returns [M, N] fp32 as a view of a buffer whose rows
-    are padded to 16 floats. e4m3fn inputs on gfx942 are converted exactly to e4m3fnuz first.
-    """
-    interpret = bool(triton.knobs.runtime.interpret)
-    if q.device.type != "cuda" and not interpret:
+    if not _tma_usable(arch, k.shape[1], k.data_ptr(), k.stride()):
+        return None
+    return TensorDescriptor(k, list(k.shape), [k.stride(0), 1], [cfg.block_n, _d_pad(k.shape[1])])
+
+
+def _tma_usable(arch: str, d: int, k_ptr: int, k_stride: tuple[int, ...]) -> bool:
+    """TMA key loads need NVIDIA sm_90+ (or the interpreter), a 16-byte aligned k with unit inner
+    stride and 16-byte aligned rows, and a row no wider than one 128-byte swizzle."""
+    nvidia = arch == "cpu" or (arch.startswith("sm_") and int(arch[3:]) >= 90)
+    return nvidia and _d_pad(d) <= 128 and k_ptr % 16 == 0 and k_stride[0] % 16 == 0 and k_stride[1] == 1
+
+
+def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
+    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
+    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
+    return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """What a call signature needs, decided on its first call: the kernel's fp8 format, copies,
+    config and constexprs, TMA, and how many programs fill the device."""
+
+    device: torch.device
+    arch: str
+    programs: int
+    cfg: TritonConfig
+    convert_q: bool  # e4m3fn q -> e4m3fnuz (weights doubled), for an fnuz MMA
+    convert_k: bool  # e4m3fn k -> e4m3fnuz (k_scale doubled)
+    prepare: bool  # some operand needs a conversion or a copy before the launch
+    tma: bool
+    consts: dict[str, Any]
+    #: The constexprs in parameter order: the C launcher skips them, but counts them.
+    tail: tuple[Any, ...]
+    #: Whether later calls launch through a bound kernel (compiled for NVIDIA, a known triton).
+    direct: bool
+
+
+_CONSTEXPRS = ("H", "H_PAD", "D", "D_PAD", "BLOCK_M", "BLOCK_N", "CLEAN", "USE_TMA")
+#: Plans and bound kernels per call signature (the key in fp8_mqa_logits_triton). Bounded: a process
+#: sees a handful of signatures.
+_PLANS: dict[tuple[Any, ...], _Plan] = {}
+_BOUND: dict[tuple[Any, ...], Any] = {}
+_CACHE_SIZE = 256
+
+
+def clear_caches() -> None:
+    """Forget every plan and bound kernel (tests that change what a device reports use this)."""
+    _PLANS.clear()
+    _BOUND.clear()
+
+
+def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)), None)  # oldest first; a steady workload never gets here
+    cache[key] = value
+
+
+def _make_plan(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+               weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool,
+               config: TritonConfig | None, interpret: bool) -> _Plan:
+    arch, programs = _device_facts(q.get_device())
+    if arch == "cpu" and not interpret:
         raise RuntimeError(f"fp8_mqa_logits_triton got tensors on {q.device}: CPU tensors run only "
                            "under the Triton interpreter (set TRITON_INTERPRET=1)")
-    m, h, d = q.shape
-    n = k.shape[0]
-    arch = _arch_of(q.device)
-    if q.dtype == torch.float8_e4m3fn and wants_fnuz(arch):
-        # The fnuz copies read as half the e4m3fn values; doubling k_scale and the weights (the
-        # weights are q's per-head scale) undoes both halvings exactly.
+    convert_q, convert_k = conversions(arch, q.dtype, k.dtype)
+    h, d = q.shape[1], q.shape[2]
+    cfg = config or default_config(arch, h)
+    prepare = (convert_q or convert_k or q.stride(2) != 1 or k.stride(1) != 1 or weights.stride(1) != 1
+               or k_scale.dtype != torch.float32 or weights.dtype != torch.float32
+               or any(t.dtype != torch.int32 or t.stride(0) != 1 for t in (ks, ke)))
+    # After preparation k is either this k (unit inner stride) or a fresh, aligned, contiguous copy.
+    k_ptr, k_stride = (k.data_ptr(), k.stride()) if k.stride(1) == 1 and not convert_k else (0, (d, 1))
+    tma = cfg.tma and _tma_usable(arch, d, k_ptr, k_stride)
+    consts = constexprs(cfg, h, d, clean_logits, tma=tma)
+    return _Plan(device=q.device, arch=arch, programs=programs, cfg=cfg, convert_q=convert_q,
+                 convert_k=convert_k, prepare=prepare, tma=tma, consts=consts,
+                 tail=tuple(consts[c] for c in _CONSTEXPRS),
+                 direct=not interpret and arch.startswith("sm_") and direct_launch_unsupported() is None)
+
+
+def _prepare(plan: _Plan, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+             ks: torch.Tensor, ke: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The operands in the kernel's format; each is touched only where it is not already right."""
+    if plan.convert_q:
+        # The fnuz copy reads as half the e4m3fn value; doubling the weights (q's per-head scale)
+        # undoes it exactly. Likewise k with k_scale.
         q, weights = e4m3fn_to_e4m3fnuz(q, weights)
+    if plan.convert_k:
         k, k_scale = e4m3fn_to_e4m3fnuz(k, k_scale)
-    if k_scale.dim() == 2:
-        k_scale = k_scale[:, 0]
     if q.stride(2) != 1:
         q = q.contiguous()
     if k.stride(1) != 1:
         k = k.contiguous()
+    if k_scale.dtype != torch.float32:
+        k_scale = k_scale.float()
+    if weights.dtype != torch.float32:
+        weights = weights.float()
     if weights.stride(1) != 1:
         weights = weights.contiguous()
-    ks = ks.to(torch.int32).contiguous()
-    ke = ke.to(torch.int32).contiguous()
+    ks = ks if ks.dtype == torch.int32 and ks.stride(0) == 1 else ks.to(torch.int32).contiguous()
+    ke = ke if ke.dtype == torch.int32 and ke.stride(0) == 1 else ke.to(torch.int32).contiguous()
+    return q, k, k_scale, weights, ks, ke
 
-    cfg = config or default_config(arch, h)
-    out = _new_output(m, n, q.device)
+
+def _on_device(index: int) -> contextlib.AbstractContextManager[Any]:
+    """Triton launches on the current device: make it ``index`` unless it already is (or is the CPU)."""
+    if index < 0 or driver.active.get_current_device() == index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
+
+
+def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+                          weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
+                          clean_logits: bool = True, *, config: TritonConfig | None = None,
+                          direct: bool = True) -> torch.Tensor:
+    """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) for ks[m] <= n < ke[m].
+
+    Inputs follow DESIGN.md's contract (fp8 q [M, H, D] and k [N, D], k_scale [N] or [N, 1], weights
+    [M, H] fp32, int32 windows), in a (q, k) dtype pair the arch serves (``DTYPE_PAIRS``). Returns
+    [M, N] fp32 whose row stride is N rounded up to 16 floats. On gfx942 an e4m3fn operand is
+    relabelled exactly to e4m3fnuz first; nothing else is converted or copied unless its layout needs it.
+
+    The first call of a signature (devices, dtypes, strides, alignments, config) decides all of that
+    and launches through Triton; later ones, with ``direct`` (the default), launch the kernel Triton
+    compiled then without Triton's per-call argument binding (see ``mqa_provider_gluon.launch``).
+    """
+    interpret = bool(triton.knobs.runtime.interpret)
+    clean_logits = bool(clean_logits)
+    m, h, d = q.shape
+    n = k.shape[0]
+    ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+    misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
+    # Everything the plan and Triton's specialisation read, except the sizes M and N (the kernel
+    # does not specialise on them; the grid is computed per call) and each tensor's data pointer
+    # beyond its 16-byte alignment.
+    qs, kst, sst, wst = q.stride(), k.stride(), k_scale.stride(), weights.stride()
+    key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
+           ke.get_device(), interpret, clean_logits, config, q.dtype, k.dtype, k_scale.dtype, weights.dtype,
+           ks.dtype, ke.dtype, h, d, qs, kst, sst, wst, ks.stride(), ke.stride(),
+           misaligned and tuple(p & 15 == 0 for p in ptrs))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(set(key[:6])) != 1:
+            raise ValueError("fp8_mqa_logits_triton: all tensors must be on one device; got "
+                             f"{[str(t.device) for t in (q, k, k_scale, weights, ks, ke)]}")
+        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, config, interpret)
+        _remember(_PLANS, key, plan)
+    if plan.prepare:
+        q, k, k_scale, weights, ks, ke = _prepare(plan, q, k, k_scale, weights, ks, ke)
+        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
+                ke.data_ptr())
+    out = _new_output(m, n, plan.device)
     if m == 0 or n == 0:
         return out
 
-    num_mb = triton.cdiv(m, cfg.block_m)
-    num_tiles = triton.cdiv(n, cfg.block_n)
-    splits = max(1, min(num_tiles, triton.cdiv(_num_programs_wanted(q.device), num_mb)))
-    tiles_per_split = triton.cdiv(num_tiles, splits)
-    splits = triton.cdiv(num_tiles, tiles_per_split)
-    k_desc = _k_descriptor(k, cfg, arch) if cfg.tma else None
-    # Triton launches on the current device: make it q's.
-    with _interpreting() if interpret else torch.cuda.device(q.device):
-        kernel(interpret)[(num_mb * splits,)](
+    cfg = plan.cfg
+    num_mb = -(-m // cfg.block_m)
+    num_tiles = -(-n // cfg.block_n)
+    splits = max(1, min(num_tiles, -(-plan.programs // num_mb)))
+    tiles_per_split = -(-num_tiles // splits)
+    splits = -(-num_tiles // tiles_per_split)
+    grid = num_mb * splits
+    row = out.stride(0)
+
+    if direct and plan.direct and not (m | n | row) >> 31:
+        bound = _BOUND.get(key)
+        if bound and not hooks_active():
+            if plan.prepare:
+                qs, kst, sst, wst = q.stride(), k.stride(), k_scale.stride(), weights.stride()
+            strides = (qs, kst[0], sst[0], wst[0])
+            _launch_bound(bound, plan, grid, ptrs, strides, k, out.data_ptr(), m, n, row, splits, tiles_per_split)
+            return out
+    k_desc = _k_descriptor(k, cfg, plan.arch) if plan.tma else None
+    with _interpreting() if interpret else _on_device(key[0]):
+        compiled = kernel(interpret)[(grid,)](
             q, k, k_desc, k_scale, weights, ks, ke, out,
             m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), weights.stride(0),
-            out.stride(0), splits, tiles_per_split,
-            **constexprs(cfg, h, d, clean_logits, tma=k_desc is not None),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            row, splits, tiles_per_split,
+            **plan.consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
+        if direct and plan.direct and key not in _BOUND:
+            _remember(_BOUND, key, bind(compiled))
     return out
+
+
+def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, ...],
+                  strides: tuple[Any, ...], k: torch.Tensor, out_ptr: int, m: int, n: int, row: int, splits: int,
+                  tiles_per_split: int) -> None:
+    """The arguments ``kernel[grid](...)`` would pass, straight to the bound kernel's launcher:
+    pointers as ints (the launcher then skips its per-pointer driver query), descriptors cached.
+    ``strides``: q's, then the row strides of k, k_scale and weights."""
+    qs, skn, sks, swm = strides
+    if plan.tma:
+        k_desc = bound.descriptor((0, ptrs[1], n, skn), lambda: _k_descriptor(k, plan.cfg, plan.arch))
+    else:
+        k_desc = [None]
+    index = plan.device.index
+    drv = driver.active
+    args = (ptrs[0], ptrs[1], *k_desc, ptrs[2], ptrs[3], ptrs[4], ptrs[5], out_ptr, m, n, qs[0], qs[1], skn, sks,
+            swm, row, splits, tiles_per_split, *plan.tail)
+    if index is None or drv.get_current_device() == index:
+        bound(grid, 1, 1, drv.get_current_stream(index), args)
+    else:
+        with torch.cuda.device(index):
+            bound(grid, 1, 1, drv.get_current_stream(index), args)

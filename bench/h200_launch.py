@@ -1,0 +1,213 @@
+"""Issue 14 item 2: what the prefill launchers cost the host per call, side by side with DeepGEMM.
+
+    PYTHONPATH=.deepgemm:providers/gluon:providers/torch_ref:. python bench/h200_launch.py   # H200, < 1 min
+    python bench/h200_launch.py --cpu    # here: Triton's host path under the host-only driver
+
+One shape, the issue's: M=128, N=2048, H=64, D=128, causal, clean_logits=True. Rows (each a call an
+engine or the core could make; all in one process, timed in interleaved rounds):
+
+- ``deepgemm``: ``deep_gemm.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, True)``, its whole C++ call
+  (absent when DeepGEMM does not import; the reason is printed);
+- ``gluon object`` / ``triton object``: the kernel objects the providers load,
+  ``mqa_provider_gluon.kernels.GLUON|TRITON.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=True)``;
+- ``gluon bound`` / ``triton bound``: the launchers, ``fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True)``
+  (``ops.mqa_logits_gluon_sm90``) and ``fp8_mqa_logits_triton(...)`` (``ops.mqa_logits_triton``), whose
+  repeated calls launch the bound kernel;
+- ``gluon triton-run`` / ``triton triton-run``: the same with ``direct=False``: Triton's
+  ``JITFunction.run`` on every call (what every call cost before, less the per-call conversions);
+- ``torch.empty``: the output's allocation alone, the floor of any launcher.
+
+Host us/call: ``calls`` calls back to back without a sync, divided by ``calls``; median over rounds.
+On the GPU the device time of one call (CUDA-graph replay) is printed too: where it is below the host
+figure the device kept up, so the host is what was timed. Every GPU row is checked first: the bound
+launch equals Triton's launch bit for bit, and both match the float64 oracle (calc_diff < 1e-3, same
+-inf mask). With ``--cpu`` tensors stay on the CPU, kernels are compiled for sm_90 but never run
+(the C launch is a no-op): it measures the Python up to the launch. The table comes last; JSON rows
+go to ``$OUT/h200_launch.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+
+M, N, H, D = 128, 2048, 64, 128
+
+
+def inputs(device: str) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(M, H, D, generator=g).to(torch.float8_e4m3fn)
+    k = torch.randn(N, D, generator=g).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(N, generator=g) + 0.5
+    w = torch.randn(M, H, generator=g) * H**-0.5
+    ks = torch.zeros(M, dtype=torch.int32)
+    ke = (torch.arange(M) + (N - M) + 1).to(torch.int32)
+    return tuple(t.to(device) for t in (q, k, k_scale, w, ks, ke))
+
+
+def per_call_us(fn: Callable[[], Any], calls: int, wait: Callable[[], None]) -> tuple[float, float]:
+    wait()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    wait()
+    return (t1 - t0) / calls * 1e6, (time.perf_counter() - t0) / calls * 1e6
+
+
+def timed(fns: dict[str, Callable[[], Any]], wait: Callable[[], None], calls: int, rounds: int
+          ) -> dict[str, tuple[float, float]]:
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(per_call_us(fn, calls, wait))
+    return {k: (statistics.median(h for h, _ in v), statistics.median(w for _, w in v)) for k, v in samples.items()}
+
+
+def graph_us(fn: Callable[[], Any], replays: int = 200) -> float | None:
+    """Device time of one call: a CUDA graph of it, replayed."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / replays * 1e3
+    except Exception as exc:  # a capture failure costs only this figure
+        print(f"  (graph capture failed: {exc!r:.120})")
+        return None
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, name: str) -> None:
+    inside = torch.isfinite(ref)
+    if not torch.equal(torch.isneginf(out), ~inside):
+        raise AssertionError(f"{name}: the -inf mask differs from the windows")
+    x, y = out[inside].double(), ref[inside]
+    diff = float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
+    if not diff < 1e-3:
+        raise AssertionError(f"{name}: calc_diff {diff:.2e} >= 1e-3")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true", help="host-only driver on this machine (no GPU)")
+    ap.add_argument("--calls", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=9)
+    a = ap.parse_args()
+    from mqa_provider_gluon import kernels
+    from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as gl_op
+    from mqa_provider_gluon.ops import mqa_logits_triton as tr_op
+
+    calls = a.calls or (2000 if a.cpu else 500)
+    stack = ExitStack()
+    if a.cpu:
+        from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+
+        # The launchers see one sm_90 device with 132 SMs; Triton's C launch does nothing.
+        tr_op._device_facts = lambda index: ("sm_90", 4 * 132)  # type: ignore[assignment]
+        gl_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
+        gl_op._multiprocessors = lambda index: 132  # type: ignore[assignment]
+        kernels.prefill_launcher = (  # type: ignore[assignment]
+            lambda use_gluon, index: gl_op.fp8_mqa_logits_gluon if use_gluon else tr_op.fp8_mqa_logits_triton)
+        stack.enter_context(host_only(HostOnlyDriver(launch=lambda *args: None)))
+        device, wait = "cpu", lambda: None
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device: run with --cpu here")
+            return 2
+        device, wait = "cuda", torch.cuda.synchronize
+    q, k, k_scale, w, ks, ke = inputs(device)
+    rows: dict[str, Callable[[], Any]] = {}
+    try:
+        import deep_gemm
+
+        rows["deepgemm"] = lambda: deep_gemm.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, True)
+    except Exception as exc:
+        print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
+    gluon_reason = None if a.cpu else gl_op.gluon_supported(torch.device(device))
+    if gluon_reason is None:
+        rows["gluon object"] = lambda: kernels.GLUON.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=True)
+        rows["gluon bound"] = lambda: gl_op.fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True)
+        rows["gluon triton-run"] = lambda: gl_op.fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True, direct=False)
+    else:
+        print(f"Gluon kernel unavailable: {gluon_reason}")
+    rows["triton object"] = lambda: kernels.TRITON.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=True)
+    rows["triton bound"] = lambda: tr_op.fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True)
+    rows["triton triton-run"] = lambda: tr_op.fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True, direct=False)
+    rows["torch.empty"] = lambda: torch.empty((M, N), dtype=torch.float32, device=device)
+
+    from mqa_provider_gluon.launch import direct_launch_unsupported, hooks_active
+
+    gate = direct_launch_unsupported() or ("triton launch hooks are registered" if hooks_active() else None)
+    print(f"direct launches: {'on' if gate is None else 'OFF: ' + gate}")
+    with stack:
+        t = time.time()
+        for fn in rows.values():  # first calls compile and bind
+            fn()
+        print(f"first calls: {time.time() - t:.1f}s")
+        if not a.cpu:
+            from mqa_core.reference import fp8_mqa_logits_ref
+
+            ref = fp8_mqa_logits_ref(q, k, k_scale, w, ks, ke)
+            for which in ("gluon", "triton"):
+                if f"{which} bound" not in rows:
+                    continue
+                run_path, bound = rows[f"{which} triton-run"](), rows[f"{which} bound"]()
+                torch.cuda.synchronize()
+                if not torch.equal(bound, run_path):
+                    raise AssertionError(f"{which}: the bound launch differs from triton's launch")
+                check(bound, ref, f"{which} bound")
+                check(rows[f"{which} object"](), ref, f"{which} object")
+            if "deepgemm" in rows:
+                check(rows["deepgemm"](), ref, "deepgemm")
+            print("checked: bound == triton launch bit for bit; all rows match the float64 oracle")
+        costs = timed(rows, wait, calls, a.rounds)
+        device_us = {name: graph_us(fn) for name, fn in rows.items()} if not a.cpu else {}
+
+    import triton
+
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "python": platform.python_version(),
+            "direct": gate or "on",
+            "torch": torch.__version__, "triton": triton.__version__, "mode": "cpu host-only" if a.cpu else "cuda",
+            "device": torch.cuda.get_device_name() if not a.cpu else platform.processor() or "cpu",
+            "m": M, "n": N, "h": H, "d": D, "calls": calls, "rounds": a.rounds}
+    base = costs.get("deepgemm", (None, None))[0]
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "h200_launch.json"), "w") as f:
+            json.dump({"meta": meta, "rows": {k: {"host_us": v[0], "wall_us": v[1], "device_us": device_us.get(k)}
+                                              for k, v in costs.items()}}, f, indent=1)
+    print(f"\n{meta['date']}  {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  "
+          f"M={M} N={N} H={H} D={D} clean  ({calls} calls x {a.rounds} rounds, medians; direct launches "
+          f"{meta['direct']})")
+    print(f"{'row':<18} {'host us/call':>12} {'with sync':>10} {'device us':>10} {'x deepgemm':>10}")
+    for name, (host, wall) in costs.items():
+        dev = device_us.get(name)
+        ratio = f"{host / base:.2f}" if base else "-"
+        print(f"{name:<18} {host:>12.1f} {wall:>10.1f} {(f'{dev:.1f}' if dev else '-'):>10} {ratio:>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
