@@ -130,9 +130,11 @@ def _launched(arch: str, q_dtype: str, k_dtype: str, monkeypatch: pytest.MonkeyP
                 seen.update(q=q.dtype, k=k.dtype, k_ptr=k.data_ptr(), q_ptr=q.data_ptr())
             return launch
 
-    assert hasattr(launcher, "_arch_of") and hasattr(launcher, "kernel"), (
+    assert hasattr(launcher, "_device_facts") and hasattr(launcher, "kernel"), (
         "the Triton launcher's device-to-arch lookup or kernel accessor moved: update _launched()")
-    monkeypatch.setattr(launcher, "_arch_of", lambda device: arch)
+    # Plans are cached per device index, not per arch: start and end with none.
+    launcher.clear_caches()
+    monkeypatch.setattr(launcher, "_device_facts", lambda index: (arch, 1))
     monkeypatch.setattr(launcher, "kernel", lambda interpret=None: Recorder())
     g = torch.Generator().manual_seed(0)
     m, n, h, d = 4, 64, 32, 128
@@ -142,7 +144,10 @@ def _launched(arch: str, q_dtype: str, k_dtype: str, monkeypatch: pytest.MonkeyP
     ks, ke = torch.zeros(m, dtype=torch.int32), torch.full((m,), n, dtype=torch.int32)
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = True  # lets CPU tensors through; nothing is interpreted
-        launcher.fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke)
+        try:
+            launcher.fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke)
+        finally:
+            launcher.clear_caches()
     assert seen, "the launcher returned without launching the kernel"
     seen.update(k_in=k.data_ptr(), q_in=q.data_ptr())
     return seen
@@ -158,9 +163,7 @@ def _triton_declares(arch: str, q_dtype: str, k_dtype: str) -> None:
     from mqa_provider_gluon import SPECS
 
     spec = next(s for s in SPECS if s.name == "triton")
-    pairs_for = getattr(spec, "pairs_for", None)  # mqa-core's dtype pairs (COMMON.md interface #1)
-    declared = pairs_for(arch) if pairs_for else {(d, d) for d in spec.dtypes}
-    if (q_dtype, k_dtype) not in declared:
+    if (q_dtype, k_dtype) not in spec.pairs_for(arch):
         pytest.skip(f"the triton provider does not declare (q, k) = ({q_dtype}, {k_dtype}) on {arch}")
 
 

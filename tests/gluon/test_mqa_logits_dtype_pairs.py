@@ -5,7 +5,6 @@ relabelled once, and a pair an arch does not serve is refused by name."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
@@ -142,37 +141,9 @@ def test_kernel_object_serves_the_mixed_pair(interpret, obj):
     _check(out, q, k, k_scale, w, ks, ke)
 
 
-# ---- the spec: declares the pairs where mqa-core's ProviderSpec knows them ----------------------
+# ---- the spec: declares exactly the pairs the launcher serves -----------------------------------
 
-def test_spec_declares_e4m3fn_to_a_core_without_pairs():
-    fields = {f.name for f in dataclasses.fields(provider.ProviderSpec)}
-    if "dtype_pairs" in fields:
-        pytest.skip("this mqa-core has dtype pairs; see the next test")
+def test_spec_declares_the_launcher_pairs():
     for spec in provider.SPECS:
-        assert spec.dtypes == {"float8_e4m3fn"}
-
-
-@pytest.mark.parametrize("dtypes_required", [True, False])
-def test_spec_declares_pairs_to_a_core_with_them(monkeypatch, dtypes_required):
-    @dataclasses.dataclass(frozen=True)
-    class SpecWithPairs:
-        name: str
-        ops: frozenset
-        archs: tuple
-        priority: int
-        load: str
-        check: object = None
-        shape_limits: object = None
-        description: str = ""
-        dtype_pairs: object = None
-        dtypes: frozenset = frozenset()
-
-    if dtypes_required:
-        SpecWithPairs = dataclasses.make_dataclass(  # noqa: N806
-            "SpecWithPairs", [("dtypes", frozenset)] + [
-                (f.name, f.type, f) for f in dataclasses.fields(SpecWithPairs) if f.name != "dtypes"],
-            frozen=True)
-    monkeypatch.setattr(provider, "ProviderSpec", SpecWithPairs)
-    spec = provider._spec("triton", 150, "TRITON", "d")
-    assert spec.dtype_pairs == provider.DTYPE_PAIRS
-    assert spec.dtypes == ({"float8_e4m3fn"} if dtypes_required else frozenset())
+        for arch, pairs in provider.DTYPE_PAIRS.items():
+            assert spec.pairs_for(arch) == pairs

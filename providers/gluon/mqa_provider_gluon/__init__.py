@@ -7,11 +7,9 @@ portable Triton kernel, one notch lower), so the two can be A/B'd by name on the
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata as md
 import importlib.util
 import os
-from typing import Any
 
 from mqa_core import Problem, ProviderSpec, hookimpl
 
@@ -65,18 +63,9 @@ def shape_limits(p: Problem) -> str | None:
 
 
 def _spec(name: str, priority: int, attr: str, description: str) -> ProviderSpec:
-    kwargs: dict[str, Any] = dict(name=name, ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs=ARCHS,
-                                  dtypes={FN}, priority=priority, load=f"mqa_provider_gluon.kernels:{attr}",
-                                  check=check, shape_limits=shape_limits, description=description)
-    # Until every mqa-core this provider meets has per-arch dtype pairs, declare them only where
-    # ProviderSpec has the field; an older core gets e4m3fn alone, which every arch here serves.
-    fields = {f.name: f for f in dataclasses.fields(ProviderSpec)}
-    if "dtype_pairs" in fields:
-        kwargs["dtype_pairs"] = DTYPE_PAIRS
-        dtypes = fields["dtypes"]
-        if dtypes.default is not dataclasses.MISSING or dtypes.default_factory is not dataclasses.MISSING:
-            del kwargs["dtypes"]  # optional there: the pairs alone say it
-    return ProviderSpec(**kwargs)
+    return ProviderSpec(name=name, ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs=ARCHS,
+                        dtype_pairs=DTYPE_PAIRS, priority=priority, load=f"mqa_provider_gluon.kernels:{attr}",
+                        check=check, shape_limits=shape_limits, description=description)
 
 
 SPECS = (
