@@ -1,0 +1,68 @@
+"""-inf after each row's context in paged logits, written only where it is missing.
+
+DeepGEMM cleans paged logits only for 1-D context lengths (and its newest generation not at all), while
+the adapter always passes 2-D lengths. Its kernel leaves row r's cells from ``lens[r]`` on either
+unwritten or holding values of other positions, so with ``clean_logits`` they are set to -inf here.
+
+On a GPU a small Triton kernel stores -inf to those cells only, reading nothing but the lengths: the
+cost is the out-of-context region, not the logits. Elsewhere (and without Triton) one ``masked_fill_``
+does it, a full pass that only the CPU tests take.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: Columns one Triton program covers.
+BLOCK = 1024
+
+
+@functools.cache
+def _triton_kernel() -> Callable[..., Any] | None:
+    if importlib.util.find_spec("triton") is None:
+        return None
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fill_tail_kernel(logits_ptr, lens_ptr, stride_row, width, BLOCK_COLS: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+        start = tl.load(lens_ptr + row)
+        # A block wholly inside the context stores nothing: its mask is all false.
+        keep = (cols >= start) & (cols < width)
+        tl.store(logits_ptr + row.to(tl.int64) * stride_row + cols, float("-inf"), mask=keep)
+
+    def launch(logits: torch.Tensor, lens: torch.Tensor) -> None:
+        rows, width = logits.shape
+        fill_tail_kernel[(rows, triton.cdiv(width, BLOCK))](logits, lens, logits.stride(0), width,
+                                                           BLOCK_COLS=BLOCK)
+
+    return launch
+
+
+def _use_triton(logits: torch.Tensor) -> bool:
+    return logits.is_cuda or os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def fill_tail(logits: torch.Tensor, lens: torch.Tensor) -> None:
+    """``logits[r, c] = -inf`` for every ``c >= lens[r]``, in place.
+
+    :param logits: [rows, width] float32, last dim contiguous (any row stride).
+    :param lens: [rows] int32, contiguous, on the same device; values in [0, width].
+    """
+    rows, width = logits.shape
+    if rows == 0 or width == 0:
+        return
+    launch = _triton_kernel() if _use_triton(logits) else None
+    if launch is not None:
+        launch(logits, lens)
+        return
+    cols = torch.arange(width, device=logits.device)
+    logits.masked_fill_(cols[None, :] >= lens[:, None], float("-inf"))
