@@ -220,7 +220,9 @@ def _paged(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, conte
                   "max_context_len": max_context_len, "clean_logits": clean_logits})
 
     split_kv = 256
-    stride = _align(max_context_len, split_kv) if GENERATION == "legacy" else _align(_align(max_context_len, split_kv), 256)
+    stride = _align(max_context_len, split_kv)
+    if GENERATION == "fp8_fp4":  # rows 1024-byte aligned
+        stride = _align(stride, 256)
     logits = torch.full((b * next_n, stride), float("nan"), dtype=torch.float32)
     last = _unsigned(_last_column(context_lens))
     per_split = split_kv // block_kv
