@@ -12,6 +12,7 @@ from .errors import PluginError, ProviderUnavailableError
 from .hookspecs import hookimpl
 from .provider import Provider
 from .spec import DTYPES, OPS, Problem, ProviderSpec
+from .tuning import TuningTable, load_tuning
 
 __all__ = [
     "BrokenPlugin",
@@ -25,12 +26,14 @@ __all__ = [
     "Provider",
     "ProviderSpec",
     "ProviderUnavailableError",
+    "TuningTable",
     "detect_arch",
     "explain",
     "fp8_mqa_logits",
     "fp8_paged_mqa_logits",
     "get_provider",
     "hookimpl",
+    "load_tuning",
     "normalize_arch",
     "reload",
 ]

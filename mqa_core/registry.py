@@ -18,6 +18,7 @@ from .provider import Provider, load_object
 from .select import decide, run_check, shape_reason
 from .settings import Settings
 from .spec import Problem, ProviderSpec
+from .tuning import Tuning, from_setting
 
 log = logging.getLogger("mqa_core")
 
@@ -35,6 +36,8 @@ class _State:
     plans: dict[PlanKey, tuple[ProviderSpec, ...]] = field(default_factory=dict)
     #: (raw arch, op, raw dtype) -> provider, for requests without a problem: the hot path.
     fast: dict[tuple[object, str, object], Provider] = field(default_factory=dict)
+    #: MQA_TUNING's table: orders the plan per shape bucket.
+    tuning: Tuning | None = None
 
 
 _lock = threading.RLock()
@@ -54,7 +57,7 @@ def _build() -> _State:
     with _lock:
         if _state is None:
             settings = Settings.from_env()
-            _state = _State(settings, discover(settings))
+            _state = _State(settings, discover(settings), tuning=from_setting(settings.tuning))
         return _state
 
 
@@ -78,7 +81,7 @@ def decision(arch: str, op: str, dtype: str | None, problem: Problem | None) -> 
     with _lock:
         return decide(s.discovery.specs, s.discovery.broken, s.settings, arch=arch, op=op,
                       dtype=dtype, problem=problem, check=lambda sp, a: _check(s, sp, a),
-                      load_errors=s.load_errors)
+                      load_errors=s.load_errors, tuning=s.tuning.choose if s.tuning else None)
 
 
 def _plan(s: _State, key: PlanKey) -> tuple[ProviderSpec, ...]:
@@ -115,7 +118,10 @@ def provider_for(arch: str, op: str, dtype: str | None, problem: Problem | None,
     s = state()
     with _lock:
         while True:
-            for spec in _plan(s, (arch, op, dtype)):
+            plan = _plan(s, (arch, op, dtype))
+            if s.tuning is not None and problem is not None and not s.settings.preference:
+                plan = s.tuning.order(arch, op, problem, plan)
+            for spec in plan:
                 if problem is not None and shape_reason(spec, problem):
                     continue
                 provider = _load(s, spec)

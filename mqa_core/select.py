@@ -15,6 +15,9 @@ from .spec import Problem, ProviderSpec
 
 #: (spec, arch) -> None or the reason the runtime check rejects it. The registry caches it.
 CheckFn = Callable[[ProviderSpec, str], str | None]
+#: (arch, op, problem, usable names in priority order) -> (chosen, why), (None, note for the priority
+#: rule's why) or None: a measured table's say (mqa_core.tuning.Tuning.choose).
+TuningFn = Callable[[str, str, "Problem | None", Sequence[str]], "tuple[str | None, str] | None"]
 
 
 def sort_key(spec: ProviderSpec) -> tuple[int, str]:
@@ -71,7 +74,8 @@ def _judge(spec: ProviderSpec, arch: str, op: str, dtype: str | None,
 
 def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settings: Settings, *,
            arch: str, op: str, dtype: str | None = None, problem: Problem | None = None,
-           check: CheckFn = run_check, load_errors: Mapping[str, str] = {}) -> Decision:
+           check: CheckFn = run_check, load_errors: Mapping[str, str] = {},
+           tuning: TuningFn | None = None) -> Decision:
     """Judge every spec for the request and choose; never substitutes for an explicit preference."""
     ordered = sorted(specs, key=sort_key)
     judged = [_judge(s, arch, op, dtype, problem, settings, check, load_errors) for s in ordered]
@@ -96,10 +100,14 @@ def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settin
                 why += f" ({', '.join(missing)} not installed)"
     else:
         accepted = [c for c in judged if c.accepted]
-        if accepted:
+        tuned = tuning(arch, op, problem, [c.name for c in accepted]) if tuning and accepted else None
+        if tuned is not None and tuned[0] is not None:
+            chosen, why = tuned[0], tuned[1]
+        elif accepted:
             chosen = accepted[0].name
             why = (f"highest priority ({accepted[0].priority}) of {len(accepted)} usable provider"
-                   f"{'s' if len(accepted) > 1 else ''}; ties break by name")
+                   f"{'s' if len(accepted) > 1 else ''}; ties break by name"
+                   + (f"; {tuned[1]}" if tuned is not None else ""))
         elif not specs:
             why = ("no provider is installed: pip install mqa-provider-torch-ref (any arch), "
                    "mqa-provider-gluon (NVIDIA/AMD GPUs) or mqa-provider-flydsl (AMD gfx942/gfx950)")

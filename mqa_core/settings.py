@@ -17,6 +17,7 @@ ENV_VARS = {
     "MQA_PLUGINS": "'a,b': load only these entry-point names (empty: load none)",
     "MQA_STRICT_PLUGINS": "'1': a broken plugin raises instead of being isolated",
     "MQA_VALIDATE": "'full': also check values that need a device sync (k_scale > 0, block ids)",
+    "MQA_TUNING": "FILE from `mqa tune`: per shape bucket, the fastest measured usable provider is chosen",
 }
 
 
@@ -34,6 +35,8 @@ class Settings:
     plugins: frozenset[str] | None = None
     strict: bool = False
     validate_full: bool = False
+    #: A table written by ``mqa tune`` (see mqa_core.tuning); None: choose by priority only.
+    tuning: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
@@ -44,4 +47,5 @@ class Settings:
             plugins=None if plugins is None else frozenset(_names(plugins)),
             strict=env.get("MQA_STRICT_PLUGINS", "").strip().lower() in ("1", "true", "yes"),
             validate_full=env.get("MQA_VALIDATE", "").strip().lower() == "full",
+            tuning=env.get("MQA_TUNING", "").strip() or None,
         )

@@ -1,0 +1,129 @@
+"""``mqa tune`` end to end on the CPU, and ``MQA_TUNING`` driving ``mqa explain`` in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mqa_core.cli.main import main
+from mqa_core.cli.tune import TuneShape, engine_preset
+from mqa_core.tuning import load_tuning
+
+
+def mqa(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MQA_")}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "mqa_core.cli.main", *args], capture_output=True, text=True,
+                          env=full, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> Path:
+    """The done-when command, run once as a user would."""
+    where = tmp_path_factory.mktemp("tune")
+    r = mqa("tune", "--device", "cpu", "--providers", "torch_ref,example_chunked", "--preset", "quick",
+            "--out", "t.json", cwd=where)
+    assert r.returncode == 0, r.stderr
+    assert "wrote t.json: use it with MQA_TUNING=t.json" in r.stdout
+    assert "wins: " in r.stdout and "[########################] 8/8" in r.stderr  # summary, progress
+    return where / "t.json"
+
+
+def test_tune_writes_a_stamped_table_with_every_provider_in_every_bucket(tuned):
+    data = json.loads(tuned.read_text())
+    stamp = data["stamp"]
+    assert stamp["arch"] == "cpu" and stamp["device_name"]
+    assert set(stamp["versions"]) >= {"torch", "triton", "mqa-core", "mqa-provider-torch-ref",
+                                      "mqa-provider-example-chunked"}
+    assert stamp["providers"] == {"torch_ref": "mqa-provider-torch-ref",
+                                  "example_chunked": "mqa-provider-example-chunked"}
+    assert len(data["entries"]) == 4
+    for e in data["entries"]:
+        assert set(e["times_ms"]) == set(e["status"]) == {"torch_ref", "example_chunked"}
+        assert e["times_ms"]["torch_ref"] > 0 and e["status"]["torch_ref"] == "ok"
+        if e["op"] == "fp8_paged_mqa_logits":
+            assert e["times_ms"]["example_chunked"] is None
+            assert e["status"]["example_chunked"] == "unsupported: does not declare fp8_paged_mqa_logits"
+            assert e["next_n"] in (1, 2)
+        else:
+            assert e["times_ms"]["example_chunked"] > 0 and e["next_n"] is None
+        assert e["winner"] == e["ranking"][0]
+    assert load_tuning(str(tuned)).entries  # and it loads
+
+
+def _explain(shape: str, path: Path, op: str = "fp8_mqa_logits") -> dict:
+    r = mqa("explain", "--arch", "cpu", "--op", op, "--shape", shape, "--json", env={"MQA_TUNING": str(path)})
+    assert r.returncode == 0, r.stderr
+    return {"stderr": r.stderr, **json.loads(r.stdout)}
+
+
+def test_explain_follows_the_table(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    big = next(e for e in data["entries"] if e["op"] == "fp8_mqa_logits" and e["m"] == [256, 512])
+    d = _explain("300,1100,32,128", tuned)
+    assert d["chosen"] == big["winner"]
+    assert str(tuned) in d["why"] and "ms" in d["why"]
+    # The same file with the other provider measured faster: the choice follows the numbers.
+    big["times_ms"] = {"torch_ref": 9.0, "example_chunked": 1.0}
+    flipped = tmp_path / "flipped.json"
+    flipped.write_text(json.dumps(data))
+    d = _explain("300,1100,32,128", flipped)
+    assert d["chosen"] == "example_chunked"
+    assert "example_chunked 1 ms, torch_ref 9 ms" in d["why"]
+    assert _explain("300,5000,32,128", flipped)["chosen"] == "torch_ref"  # outside the table: priority
+    paged = _explain("4,300,32,128", flipped, op="fp8_paged_mqa_logits")
+    assert paged["chosen"] == "torch_ref" and str(flipped) in paged["why"]
+
+
+def test_the_same_file_gives_the_same_choice_in_every_process(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    for e in data["entries"]:  # a tie, broken by name in every process
+        e["times_ms"] = {k: (1.0 if v is not None else None) for k, v in e["times_ms"].items()}
+    tie = tmp_path / "tie.json"
+    tie.write_text(json.dumps(data))
+    seen = {(d["chosen"], d["why"]) for d in (_explain("100,300,32,128", tie) for _ in range(3))}
+    assert seen == {("example_chunked", f"fastest measured usable provider in {tie} for bucket fp8_mqa_logits "
+                                         "H=32 D=128 M in [64, 128) N in [256, 512): example_chunked 1 ms, "
+                                         "torch_ref 1 ms")}
+
+
+def test_a_stamp_from_elsewhere_is_ignored_with_one_warning(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    data["stamp"]["versions"]["torch"] = "1.0.0"
+    for e in data["entries"]:
+        e["times_ms"]["example_chunked"] = 0.001 if e["times_ms"]["example_chunked"] else None
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(data))
+    d = _explain("100,300,32,128", stale)
+    assert d["chosen"] == "torch_ref" and str(stale) not in d["why"]
+    lines = [ln for ln in d["stderr"].splitlines() if "tuning table" in ln]
+    assert len(lines) == 1, d["stderr"]
+    assert f"tuning table {stale} (MQA_TUNING) does not match this environment (torch " in lines[0]
+    assert "here vs 1.0.0 in the table" in lines[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--shapes", "prefill:1,2,3"], "--shapes: cannot read 'prefill:1,2,3'"),
+    (["--shapes", "decode:1,2,3,4,5:causal"], "--shapes: cannot read"),
+    (["--providers", "nope"], "provider 'nope' is not installed"),
+    (["--device", "banana"], "--device banana"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
+])
+def test_user_errors_are_one_line(capsys, tmp_path, args, says):
+    assert main(["tune", "--device", "cpu", "--out", str(tmp_path / "x.json"), *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_shapes_and_presets():
+    s = TuneShape.parse("decode:32,8192,2,64,128")
+    assert (s.op, s.problem.m, s.problem.n, s.batch, s.next_n) == ("fp8_paged_mqa_logits", 64, 8192, 32, 2)
+    assert s.bucket().next_n == 2 and s.name == "decode B=32 next_n=2 ctx=8192 H=64 D=128"
+    assert TuneShape.parse("prefill:4096,16384,64,128:full").kind == "full"
+    buckets = [s.bucket() for s in engine_preset()]
+    assert len(buckets) == len(set(buckets)) == 40  # one shape per bucket
