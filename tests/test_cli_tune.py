@@ -127,3 +127,40 @@ def test_shapes_and_presets():
     assert TuneShape.parse("prefill:4096,16384,64,128:full").kind == "full"
     buckets = [s.bucket() for s in engine_preset()]
     assert len(buckets) == len(set(buckets)) == 40  # one shape per bucket
+
+
+class _Off:
+    """A provider kernel 10% off in every in-window cell (real arithmetic, wrong result)."""
+
+    def fp8_mqa_logits(self, *args, **kw):
+        from mqa_provider_torch_ref.kernels import KERNELS
+
+        return KERNELS.fp8_mqa_logits(*args, **kw) * 1.1
+
+
+def test_a_wrong_provider_is_caught_by_the_kit_subset_and_left_out_of_the_table():
+    import torch
+
+    from mqa_core import Provider, ProviderSpec
+    from mqa_core.cli.tune import Progress, build_table, kit_check, measure
+    from mqa_core.testing.providers import provider_named
+    from mqa_core.tuning import current_stamp
+
+    spec = ProviderSpec(name="off", ops={"fp8_mqa_logits"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                        priority=5, load="nowhere.off:KERNEL")
+    off = Provider(spec, _Off())
+    cpu = torch.device("cpu")
+    reason = kit_check(off, "fp8_mqa_logits", 32, 64, cpu, seed=1)
+    assert reason is not None and "[off] fp8_mqa_logits window=ragged" in reason and "calc_diff" in reason
+    ref = provider_named("torch_ref", "cpu")
+    assert kit_check(ref, "fp8_mqa_logits", 32, 64, cpu, seed=1) is None
+    shapes = [TuneShape.prefill(32, 128, 32, 64), TuneShape.decode(2, 128, 1, 32, 64)]
+    providers = {("torch_ref", "fp8_mqa_logits"): ref, ("off", "fp8_mqa_logits"): off,
+                 ("torch_ref", "fp8_paged_mqa_logits"): provider_named("torch_ref", "cpu", op="fp8_paged_mqa_logits")}
+    results = measure(shapes, ["torch_ref", "off"], providers, cpu, "cpu", warmup=0, repeat=1, seed=0,
+                      progress=Progress(4))
+    assert results[0]["off"].ms is None and results[0]["off"].status.startswith("wrong: kit subset failed: [off]")
+    assert results[0]["torch_ref"].ms and results[0]["torch_ref"].status == "ok"
+    assert results[1]["off"].status == "unsupported: does not declare fp8_paged_mqa_logits"
+    table = build_table(shapes, ["torch_ref", "off"], results, current_stamp(cpu, {}), {})
+    assert [e.ranking for e in table.entries] == [("torch_ref",), ("torch_ref",)]

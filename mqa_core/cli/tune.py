@@ -80,9 +80,9 @@ class TuneShape:
         if head == "prefill" and len(nums) == 4 and len(fields) <= 2 and all(v > 0 for v in nums):
             kind = fields[1] if len(fields) == 2 else "causal"
             if kind in KINDS:
-                return cls.prefill(*nums, kind=kind)
+                return cls.prefill(nums[0], nums[1], nums[2], nums[3], kind)
         if head == "decode" and len(nums) == 5 and len(fields) == 1 and all(v > 0 for v in nums):
-            return cls.decode(*nums)
+            return cls.decode(nums[0], nums[1], nums[2], nums[3], nums[4])
         raise UserError(f"--shapes: cannot read {text!r}; expected prefill:M,N,H,D[:KIND] with KIND in "
                         f"{', '.join(KINDS)}, or decode:B,CONTEXT,NEXT_N,H,D (positive integers)")
 
@@ -149,43 +149,60 @@ def _short(exc: BaseException) -> str:
     return text[:240] if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {text[:200]}"
 
 
-def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device, seed: int) -> str | None:
-    """A few conformance-kit cases at (op, H, D): None when all pass, else the first failure."""
+def _kit_prefill(provider: Provider, h: int, d: int, device: torch.device, seed: int) -> None:
+    from ..testing.cases import make_windows, sizes_for
+    from ..testing.checks import Case, check_logits, poisoned_call
+    from ..testing.data import make_inputs
+
+    m, n = sizes_for(device).windows
+    problem = Problem(m, n, h, d)
+    for i, (window, clean) in enumerate((("ragged", True), ("edges", True), ("empty", True), ("chunk", False))):
+        x = make_inputs(problem, device=device, window="full", seed=seed + i)
+        ks, ke = make_windows(window, m, n, seed + i)
+        x = replace(x, ks=ks.to(device), ke=ke.to(device))
+
+        def call(x: Any = x, clean: bool = clean) -> torch.Tensor:
+            return provider.fp8_mqa_logits(*x.args(), clean_logits=clean)
+
+        out = poisoned_call(call, device, m, n)
+        case = Case(provider.name, PREFILL, f"window={window} clean_logits={clean}", problem, seed + i, seed)
+        check_logits(out, x.reference(), case, clean=clean, windows=(ks, ke))
+
+
+def _kit_paged(provider: Provider, h: int, d: int, device: torch.device, seed: int) -> None:
     import torch
 
-    from ..testing.cases import PAGED_BLOCK_SIZE, make_windows, short_context_lens, sizes_for
+    from ..testing.cases import PAGED_BLOCK_SIZE, short_context_lens, sizes_for
     from ..testing.checks import Case, check_logits, poisoned_call
-    from ..testing.data import make_inputs, make_paged_inputs
+    from ..testing.data import make_paged_inputs
 
-    sizes = sizes_for(device)
+    ctx = sizes_for(device).paged_context
+    for i, (batch, next_n, lens_2d, clean) in enumerate(((3, 1, False, True), (3, 2, True, True),
+                                                         (2, 2, False, False))):
+        x = make_paged_inputs(batch, next_n, h, d, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed + i)
+        lens = short_context_lens(x.context_lens, next_n, ctx)
+        if lens_2d:
+            lens = lens[:, None] - next_n + torch.arange(1, next_n + 1, dtype=lens.dtype)[None, :]
+        x = replace(x, q=x.q.to(device), kv_cache=x.kv_cache.to(device), weights=x.weights.to(device),
+                    context_lens=lens.to(device), block_tables=x.block_tables.to(device))
+
+        def call(x: Any = x, clean: bool = clean) -> torch.Tensor:
+            return provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean)
+
+        out = poisoned_call(call, device, batch * next_n, ctx)
+        case = Case(provider.name, PAGED, f"batch={batch} next_n={next_n} lens_2d={lens_2d} clean={clean}",
+                    Problem(batch * next_n, ctx, h, d), seed + i, seed)
+        check_logits(out, x.reference(), case, clean=clean)
+
+
+def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device, seed: int) -> str | None:
+    """A few conformance-kit cases at (op, H, D): None when all pass, else the first failure.
+
+    Prefill: ragged, corner-case and empty windows cleaned, a chunk uncleaned; decode: 1-D and 2-D
+    lengths with short and block-edge contexts; each call after a poisoned allocator.
+    """
     try:
-        if op == PREFILL:
-            m, n = sizes.windows
-            for i, (window, clean) in enumerate((("ragged", True), ("edges", True), ("empty", True),
-                                                 ("chunk", False))):
-                x = make_inputs(Problem(m, n, h, d), device=device, window="full", seed=seed + i)
-                ks, ke = make_windows(window, m, n, seed + i)
-                x = replace(x, ks=ks.to(device), ke=ke.to(device))
-                out = poisoned_call(lambda x=x, c=clean: provider.fp8_mqa_logits(*x.args(), clean_logits=c),
-                                    device, m, n)
-                case = Case(provider.name, op, f"window={window} clean_logits={clean}", Problem(m, n, h, d),
-                            seed + i, seed)
-                check_logits(out, x.reference(), case, clean=clean, windows=(ks, ke))
-        else:
-            ctx = sizes.paged_context
-            for i, (batch, next_n, lens_2d, clean) in enumerate(((3, 1, False, True), (3, 2, True, True),
-                                                                 (2, 2, False, False))):
-                x = make_paged_inputs(batch, next_n, h, d, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed + i)
-                lens = short_context_lens(x.context_lens, next_n, ctx)
-                if lens_2d:
-                    lens = lens[:, None] - next_n + torch.arange(1, next_n + 1, dtype=lens.dtype)[None, :]
-                x = replace(x, q=x.q.to(device), kv_cache=x.kv_cache.to(device), weights=x.weights.to(device),
-                            context_lens=lens.to(device), block_tables=x.block_tables.to(device))
-                out = poisoned_call(lambda x=x, c=clean: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=c),
-                                    device, batch * next_n, ctx)
-                case = Case(provider.name, op, f"batch={batch} next_n={next_n} lens_2d={lens_2d} clean={clean}",
-                            Problem(batch * next_n, ctx, h, d), seed + i, seed)
-                check_logits(out, x.reference(), case, clean=clean)
+        (_kit_prefill if op == PREFILL else _kit_paged)(provider, h, d, device, seed)
     except Exception as exc:  # AssertionError from the checks, or the provider crashing
         return _short(exc)
     return None
