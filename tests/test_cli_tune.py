@@ -164,3 +164,39 @@ def test_a_wrong_provider_is_caught_by_the_kit_subset_and_left_out_of_the_table(
     assert results[1]["off"].status == "unsupported: does not declare fp8_paged_mqa_logits"
     table = build_table(shapes, ["torch_ref", "off"], results, current_stamp(cpu, {}), {})
     assert [e.ranking for e in table.entries] == [("torch_ref",), ("torch_ref",)]
+
+
+def _h200_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "h200_tuned.py"
+    spec = importlib.util.spec_from_file_location("h200_tuned", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_h200_mix_lies_in_the_engine_buckets_but_off_the_tuned_shapes():
+    script = _h200_script()
+    tuned = {s.bucket(): s for s in engine_preset()}
+    shapes = script.mix()
+    inside = [s for s in shapes if s.bucket() in tuned]
+    assert len(inside) == len(shapes) - 2  # two shapes outside every bucket, on purpose
+    assert not {(s.op, s.problem) for s in shapes} & {(s.op, s.problem) for s in engine_preset()}
+
+
+def test_the_h200_measuring_path_runs_on_the_cpu(tuned, monkeypatch):
+    import torch
+
+    script = _h200_script()
+    monkeypatch.setattr(script, "WARMUP", 0)
+    monkeypatch.setattr(script, "REPEAT", 1)
+    configs = {"tuned": {"MQA_TUNING": str(tuned), "MQA_PROVIDER": None},
+               "torch_ref-only": {"MQA_PROVIDER": "torch_ref", "MQA_TUNING": None},
+               "example_chunked-only": {"MQA_PROVIDER": "example_chunked", "MQA_TUNING": None}}
+    row = script.measure(TuneShape.prefill(100, 300, 32, 128), configs, torch.device("cpu"), "cpu")
+    assert set(row["status"].values()) == {"ok"}, row
+    assert row["tuned_pick"] in ("torch_ref", "example_chunked") and row["tuned_vs_best"] > 0
+    paged = script.measure(TuneShape.decode(2, 300, 1, 32, 128), configs, torch.device("cpu"), "cpu")
+    assert paged["status"]["example_chunked-only"].startswith("ERROR ProviderUnavailableError")
+    assert paged["tuned_pick"] == "torch_ref" and paged["best_single"] == "torch_ref-only"
