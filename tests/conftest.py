@@ -15,7 +15,7 @@ import mqa_core
 @pytest.fixture(autouse=True)
 def _fresh_registry(monkeypatch: pytest.MonkeyPatch):
     """Each test starts from a clean environment and an empty registry cache, and leaves one."""
-    for var in ("MQA_PROVIDER", "MQA_DISABLE_PROVIDERS", "MQA_PLUGINS", "MQA_STRICT_PLUGINS",
+    for var in ("MQA_PROVIDER", "MQA_DISABLE_PROVIDERS", "MQA_PLUGINS", "MQA_STRICT_PLUGINS", "MQA_TUNING",
                 "TRITON_INTERPRET"):
         monkeypatch.delenv(var, raising=False)
     mqa_core.reload()
