@@ -265,3 +265,19 @@ def test_fill_tail_writes_only_past_each_length(monkeypatch, triton_interpret):
     assert bool(torch.isneginf(logits[tail]).all())
     assert bool(torch.isnan(logits[~tail]).all())  # nothing before a length was touched
     assert bool(torch.isnan(base[:, width:]).all())  # nor the row padding
+
+
+def test_fill_tail_compiles_for_sm_90_and_reads_only_the_lengths():
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = clean._triton_kernel().kernel
+    src = ASTSource(fn=fn, constexprs={"BLOCK_COLS": clean.BLOCK},
+                    signature={"logits_ptr": "*fp32", "lens_ptr": "*i32", "stride_row": "i32", "width": "i32",
+                               "BLOCK_COLS": "constexpr"})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    loads = [ln for ln in ptx.splitlines() if "ld.global" in ln]
+    stores = [ln for ln in ptx.splitlines() if "st.global" in ln]
+    assert len(loads) == 1 and ".b32" in loads[0]  # the row's length; logits are never read
+    assert stores and all(ln.strip().startswith("@%p") for ln in stores)  # predicated: only the tail

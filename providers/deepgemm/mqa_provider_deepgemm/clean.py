@@ -44,6 +44,7 @@ def _triton_kernel() -> Callable[..., Any] | None:
         fill_tail_kernel[(rows, triton.cdiv(width, BLOCK))](logits, lens, logits.stride(0), width,
                                                            BLOCK_COLS=BLOCK)
 
+    launch.kernel = fill_tail_kernel  # type: ignore[attr-defined]  # for ahead-of-time compile checks
     return launch
 
 
