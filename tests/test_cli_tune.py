@@ -200,3 +200,12 @@ def test_the_h200_measuring_path_runs_on_the_cpu(tuned, monkeypatch):
     paged = script.measure(TuneShape.decode(2, 300, 1, 32, 128), configs, torch.device("cpu"), "cpu")
     assert paged["status"]["example_chunked-only"].startswith("ERROR ProviderUnavailableError")
     assert paged["tuned_pick"] == "torch_ref" and paged["best_single"] == "torch_ref-only"
+
+
+def test_a_time_budget_leaves_unmeasured_shapes_out(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["tune", "--device", "cpu", "--providers", "torch_ref", "--shapes", "prefill:32,64,32,128",
+                 "decode:2,64,1,32,128", "--budget", "0.000001", "--out", str(out)]) == 0
+    assert "time budget (1e-06 s) reached: 2 of 2 shapes not measured" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["entries"] == [] and data["arguments"]["shapes_measured"] == 0

@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -140,6 +141,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--repeat", type=int, default=None, help="timed calls (default: 20 on GPU, 5 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no new shape after this many seconds; the table holds the buckets measured")
 
 
 # -- the kit subset ----------------------------------------------------------------------------------
@@ -247,14 +250,20 @@ class Result:
 
 def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[tuple[str, str], Provider],
             device: torch.device, arch: str, *, warmup: int, repeat: int, seed: int,
-            progress: Progress) -> dict[int, dict[str, Result]]:
-    """Kit subset per (provider, op, H, D), then check + time each shape: shape index -> name -> result."""
+            progress: Progress, deadline: float | None = None) -> dict[int, dict[str, Result]]:
+    """Kit subset per (provider, op, H, D), then check + time each shape: shape index -> name -> result.
+
+    After ``deadline`` (a ``time.monotonic()`` value) no new shape is started; those are left out.
+    """
     from ..bench.runner import run_workloads
     from ..select import shape_reason
 
     kit: dict[tuple[str, str, int, int], str | None] = {}
     results: dict[int, dict[str, Result]] = {}
     for i, shape in enumerate(shapes):
+        if deadline is not None and time.monotonic() > deadline:
+            progress.note(f"time budget reached: {len(shapes) - i} shape(s) not measured")
+            break
         op, p = shape.op, shape.problem
         mine: dict[str, Result] = {}
         timed: list[str] = []
@@ -297,7 +306,8 @@ def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict
 
     groups: dict[Any, list[int]] = {}
     for i, shape in enumerate(shapes):
-        groups.setdefault(shape.bucket(), []).append(i)
+        if i in results:  # shapes a time budget left out have no entry
+            groups.setdefault(shape.bucket(), []).append(i)
     entries = []
     for bucket, idx in groups.items():
         times: dict[str, float | None] = {}
@@ -353,8 +363,11 @@ def run(args: argparse.Namespace) -> int:
     from ..testing.providers import provider_named, spec_named, usable_providers
     from ..tuning import current_stamp
 
+    start = time.monotonic()
     if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
         raise UserError("--repeat must be >= 1 and --warmup >= 0")
+    if args.budget is not None and args.budget <= 0:
+        raise UserError("--budget must be > 0 seconds")
     shapes = [TuneShape.parse(s) for s in args.shapes]
     preset = args.preset or ("quick" if not shapes else None)
     shapes = (PRESETS[preset]() if preset else []) + shapes
@@ -386,13 +399,14 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(len(shapes) * len(names))
     try:
         results = measure(shapes, names, providers, device, arch, warmup=warmup, repeat=repeat, seed=args.seed,
-                          progress=progress)
+                          progress=progress, deadline=None if args.budget is None else start + args.budget)
     finally:
         progress.close()
     dists = {n: spec.distribution for n in names if (spec := spec_named(n)) is not None}
     info = {"created": report.now(), "commit": report.git_commit(),
             "arguments": {"device": str(device), "providers": list(names), "preset": preset,
-                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "seed": args.seed}}
+                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "seed": args.seed,
+                          "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)}}
     table = build_table(shapes, names, results, current_stamp(device, dists), info)
     table.write(args.out)
     if args.json:
@@ -400,6 +414,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"fp8 MQA logits on {device_name} ({arch}): median ms of {repeat} calls after {warmup} warm-up")
         print(summary(table, names))
+        if len(results) < len(shapes):
+            print(f"time budget ({args.budget:g} s) reached: {len(shapes) - len(results)} of {len(shapes)} "
+                  "shapes not measured; their buckets fall back to priority")
         print(f"wrote {args.out}: use it with MQA_TUNING={args.out}")
     bad = [(shapes[i].name, n, r.status) for i, rs in results.items() for n, r in rs.items()
            if r.status.startswith(("wrong", "error"))]
