@@ -272,7 +272,7 @@ def test_fill_tail_compiles_for_sm_90_and_reads_only_the_lengths():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = clean._triton_kernel().kernel
+    fn = clean._triton_kernel(interpret=False).kernel
     src = ASTSource(fn=fn, constexprs={"BLOCK_COLS": clean.BLOCK},
                     signature={"logits_ptr": "*fp32", "lens_ptr": "*i32", "stride_row": "i32", "width": "i32",
                                "BLOCK_COLS": "constexpr"})

@@ -24,20 +24,25 @@ BLOCK = 1024
 
 
 @functools.cache
-def _triton_kernel() -> Callable[..., Any] | None:
+def _triton_kernel(interpret: bool = False) -> Callable[..., Any] | None:
+    """The launcher, built once per mode: ``triton.jit`` picks the interpreter when it decorates."""
     if importlib.util.find_spec("triton") is None:
         return None
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def fill_tail_kernel(logits_ptr, lens_ptr, stride_row, width, BLOCK_COLS: tl.constexpr):
+    def fill_tail(logits_ptr, lens_ptr, stride_row, width, BLOCK_COLS: tl.constexpr):  # type: ignore[no-untyped-def]
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
         start = tl.load(lens_ptr + row)
         # A block wholly inside the context stores nothing: its mask is all false.
         keep = (cols >= start) & (cols < width)
         tl.store(logits_ptr + row.to(tl.int64) * stride_row + cols, float("-inf"), mask=keep)
+
+    with triton.knobs.runtime.scope():  # restores the knob (and TRITON_INTERPRET) afterwards
+        triton.knobs.runtime.interpret = interpret
+        # The width (max_context_len) changes per call: no variants for width % 16 or == 1.
+        fill_tail_kernel = triton.jit(fill_tail, do_not_specialize=["width"])
 
     def launch(logits: torch.Tensor, lens: torch.Tensor) -> None:
         rows, width = logits.shape
@@ -48,8 +53,8 @@ def _triton_kernel() -> Callable[..., Any] | None:
     return launch
 
 
-def _use_triton(logits: torch.Tensor) -> bool:
-    return logits.is_cuda or os.environ.get("TRITON_INTERPRET", "") == "1"
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def fill_tail(logits: torch.Tensor, lens: torch.Tensor) -> None:
@@ -61,7 +66,8 @@ def fill_tail(logits: torch.Tensor, lens: torch.Tensor) -> None:
     rows, width = logits.shape
     if rows == 0 or width == 0:
         return
-    launch = _triton_kernel() if _use_triton(logits) else None
+    interpret = _interpreting()
+    launch = _triton_kernel(interpret) if logits.is_cuda or interpret else None
     if launch is not None:
         launch(logits, lens)
         return
