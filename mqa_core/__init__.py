@@ -13,6 +13,7 @@ from .hookspecs import hookimpl
 from .provider import Provider
 from .settings import env_positive_number
 from .spec import DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
+from .tuning import TuningTable, load_tuning
 
 __all__ = [
     "BrokenPlugin",
@@ -31,6 +32,7 @@ __all__ = [
     "ProviderSpec",
     "ProviderUnavailableError",
     "SettingsError",
+    "TuningTable",
     "detect_arch",
     "env_positive_number",
     "explain",
@@ -38,6 +40,7 @@ __all__ = [
     "fp8_paged_mqa_logits",
     "get_provider",
     "hookimpl",
+    "load_tuning",
     "normalize_arch",
     "reload",
 ]

@@ -27,6 +27,7 @@ from .provider import Provider, load_object
 from .select import decide, preferred_order, run_check, shape_reason
 from .settings import Settings
 from .spec import Pair, Problem, ProviderSpec
+from .tuning import Tuning, from_setting
 
 log = logging.getLogger("mqa_core")
 
@@ -55,6 +56,8 @@ class _State:
     plans: dict[PlanKey, _Plan] = field(default_factory=dict)
     #: (raw arch, op, raw dtype) -> provider, for requests without a problem: the hot path.
     fast: dict[tuple[object, str, object], Provider] = field(default_factory=dict)
+    #: MQA_TUNING's table: orders the plan per shape bucket.
+    tuning: Tuning | None = None
 
 
 _lock = threading.RLock()
@@ -82,7 +85,7 @@ def _build() -> _State:
             for message in unknown_names(settings, found):
                 log.warning("mqa_core: %s", message)
                 warnings.warn(f"mqa_core: {message}", RuntimeWarning, stacklevel=4)
-            _state = _State(settings, found)
+            _state = _State(settings, found, tuning=from_setting(settings.tuning))
         return _state
 
 
@@ -125,7 +128,7 @@ def _decide(s: _State, arch: str, op: str, dtype: object, problem: Problem | Non
         return decide(s.discovery.specs, s.discovery.broken, s.settings, arch=arch, op=op,
                       dtype=dtype, problem=problem, check=lambda sp, a: _check(s, sp, a),
                       load_errors=dict(s.load_errors), import_seconds=s.discovery.import_seconds(),
-                      skipped=_skipped(s))
+                      skipped=_skipped(s), tuning=s.tuning.choose if s.tuning else None)
 
 
 def decision(arch: str, op: str, dtype: object, problem: Problem | None, *, s: _State | None = None) -> Decision:
@@ -175,7 +178,10 @@ def provider_for(arch: str, op: str, dtype: Pair | None, problem: Problem | None
     """Choose and load the provider for a request in state ``s``, or raise with the whole trace."""
     s = state() if s is None else s
     with _lock:
-        for spec in _plan(s, (arch, op, dtype)).specs:
+        specs = _plan(s, (arch, op, dtype)).specs
+        if s.tuning is not None and problem is not None and not s.settings.preference:
+            specs = s.tuning.order(arch, op, problem, specs)  # the measured winner of the bucket first
+        for spec in specs:
             if problem is not None and shape_reason(spec, problem):
                 continue
             provider = _load(s, spec)

@@ -17,6 +17,9 @@ from .spec import Problem, ProviderSpec, dtype_pair, format_pairs
 
 #: (spec, arch) -> None or the reason the runtime check rejects it. The registry caches it.
 CheckFn = Callable[[ProviderSpec, str], str | None]
+#: (arch, op, problem, usable names in priority order) -> (chosen, why), (None, note for the priority
+#: rule's why) or None: a measured table's say (mqa_core.tuning.Tuning.choose).
+TuningFn = Callable[[str, str, "Problem | None", Sequence[str]], "tuple[str | None, str] | None"]
 
 _INSTALL_HINT = ("pip install mqa-provider-torch-ref (any arch), mqa-provider-gluon (NVIDIA/AMD GPUs) "
                  "or mqa-provider-flydsl (AMD gfx942/gfx950)")
@@ -127,13 +130,16 @@ def preferred_order(accepted: Sequence[Candidate], settings: Settings) -> list[C
 def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settings: Settings, *,
            arch: str, op: str, dtype: Any = None, problem: Problem | None = None,
            check: CheckFn = run_check, load_errors: Mapping[str, str] = {},
-           import_seconds: Mapping[str, float] = {}, skipped: Sequence[str] = ()) -> Decision:
+           import_seconds: Mapping[str, float] = {}, skipped: Sequence[str] = (),
+           tuning: TuningFn | None = None) -> Decision:
     """Judge every spec for the request and choose; never substitutes for an explicit preference.
 
     :param dtype: None (any), a q dtype meaning (q, q), or a (q, k) pair.
     :param load_errors: spec id -> why its kernel object failed to load.
     :param import_seconds: spec id -> how long its plugin's import took.
     :param skipped: entry points ``MQA_PLUGINS`` left out, to say so when nothing is left.
+    :param tuning: a measured table's choice among the usable providers (``MQA_TUNING``); it orders
+        them after the filters and before the priority rule, and never overrides ``MQA_PROVIDER``.
     """
     pair = dtype_pair(dtype)
     ordered = sorted(specs, key=sort_key)
@@ -143,6 +149,10 @@ def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settin
               for s in ordered]
     accepted = [c for c in judged if c.accepted]
     order = preferred_order(accepted, settings)
+    tuned = tuning(arch, op, problem, [c.name for c in order]) if tuning and order and not settings.preference \
+        else None
+    if tuned is not None and tuned[0] is not None:
+        order = sorted(order, key=lambda c: c.name != tuned[0])  # the measured winner, then priority
     first = order[0] if order else None
     if settings.preference:
         pref = ",".join(settings.preference)
@@ -157,9 +167,11 @@ def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settin
             why = f"MQA_PROVIDER={pref} is honoured or fails: no provider it names can serve"
             if missing:
                 why += f" ({', '.join(missing)} not installed)"
+    elif tuned is not None and tuned[0] is not None:
+        why = tuned[1]
     elif first:
         why = (f"highest priority ({first.priority}) of {len(accepted)} usable provider"
-               f"{'s' if len(accepted) > 1 else ''}; ties break by name")
+               f"{'s' if len(accepted) > 1 else ''}; ties break by name" + (f"; {tuned[1]}" if tuned else ""))
     elif not specs and settings.plugins is not None:
         asked = ",".join(sorted(settings.plugins)) or "(empty)"
         why = (f"MQA_PLUGINS={asked} loads only the plugins it names, and no provider came of it; "

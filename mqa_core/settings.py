@@ -29,6 +29,7 @@ ENV_VARS = {
     "MQA_VALIDATE": "'cheap' (default) or 'full': also check what needs a device sync (k_scale > 0, block "
                     "ids, non-finite logits inside the windows)",
     "MQA_TORCH_REF_MEMORY_MB": "torch_ref's bound on temporary memory, in MiB: a positive number (default 512)",
+    "MQA_TUNING": "FILE written by `mqa tune`: per shape bucket, the fastest measured usable provider is chosen",
 }
 
 _TRUE = ("1", "true", "yes", "on")
@@ -130,6 +131,8 @@ class Settings:
     plugins: frozenset[str] | None = None
     strict: bool = False
     validate_full: bool = False
+    #: A table written by ``mqa tune`` (see mqa_core.tuning); None: choose by priority only.
+    tuning: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -145,4 +148,5 @@ class Settings:
                 parse_list("MQA_PLUGINS", plugins, _plugin_ref, "an entry-point or distribution name")),
             strict=parse_bool("MQA_STRICT_PLUGINS", env.get("MQA_STRICT_PLUGINS")),
             validate_full=parse_choice("MQA_VALIDATE", env.get("MQA_VALIDATE"), VALIDATE_MODES) == "full",
+            tuning=env.get("MQA_TUNING", "").strip() or None,
         )

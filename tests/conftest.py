@@ -16,7 +16,7 @@ import mqa_core
 def _fresh_registry(monkeypatch: pytest.MonkeyPatch):
     """Each test starts from a clean environment and an empty registry cache, and leaves one."""
     for var in ("MQA_PROVIDER", "MQA_DISABLE_PROVIDERS", "MQA_PLUGINS", "MQA_STRICT_PLUGINS",
-                "MQA_VALIDATE", "MQA_TORCH_REF_MEMORY_MB", "TRITON_INTERPRET"):
+                "MQA_VALIDATE", "MQA_TORCH_REF_MEMORY_MB", "MQA_TUNING", "TRITON_INTERPRET"):
         monkeypatch.delenv(var, raising=False)
     mqa_core.reload()
     yield

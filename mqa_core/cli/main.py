@@ -20,7 +20,7 @@ from ..settings import ENV_VARS
 from .common import Parser, UserError, fail, resolve_device
 
 #: subcommand modules, imported only when their command runs (bench pulls in torch and timing).
-COMMANDS = ("providers", "explain", "demo", "check", "bench")
+COMMANDS = ("providers", "explain", "demo", "check", "bench", "tune")
 
 
 def parser() -> argparse.ArgumentParser:

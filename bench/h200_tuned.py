@@ -1,0 +1,209 @@
+"""Tuned selection on one H200: ``mqa tune --preset engine`` for gluon, triton and deepgemm, then the tuned
+choice against each single provider over an engine-like mix of shapes (< 5 min).
+
+    cd <repo> && pip install --no-deps --no-build-isolation -q -e . -e providers/torch_ref \\
+        -e providers/gluon -e providers/deepgemm && PYTHONPATH=<DeepGEMM build>:$PYTHONPATH python bench/h200_tuned.py
+
+1. ``mqa tune --device cuda --preset engine --providers gluon,triton,deepgemm --out $OUT/h200_tuning.json
+   --budget 160`` (kit subset per provider, each bucket's shape checked then timed; the table and summary).
+2. The mix: shapes inside the tuned buckets but not the tuned shapes themselves (so the table is used as
+   an engine would use it), plus two outside every bucket (priority decides there). For each shape every
+   configuration is checked against a reference (float64 oracle, or torch_ref fp32 for large shapes),
+   then timed through the public op, ``mqa_core.fp8_mqa_logits`` / ``fp8_paged_mqa_logits``, so the
+   tuned lookup's host cost is included: ``tuned`` (MQA_TUNING=table) and ``P-only`` (MQA_PROVIDER=P) for
+   each provider. Median of 30 calls after 5 warm-up, inputs rotated (``mqa_core.bench.timing``).
+3. Per shape: tuned ms / best single provider's ms; geomean and worst case; the short table is printed
+   last, everything goes to $OUT/h200_tuned.json.
+
+Without ``deep_gemm`` importable it says so and compares gluon and triton only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+import mqa_core
+from mqa_core.bench.timing import sync, time_calls
+from mqa_core.bench.verify import compare
+from mqa_core.bench.workloads import Workload, input_sets
+from mqa_core.cli.main import main as mqa_main
+from mqa_core.cli.tune import TuneShape
+from mqa_core.testing.providers import environment, provider_named, spec_named
+
+OUT = os.environ.get("OUT", "/tmp/out")
+TABLE = os.path.join(OUT, "h200_tuning.json")
+#: The tune step starts no shape after TUNE_BUDGET_S (DeepGEMM's first JIT compiles can take tens of
+#: seconds each on a fresh machine); the mix starts none after BUDGET_S, so the table (last) and the
+#: JSON always come out inside 5 minutes.
+TUNE_BUDGET_S, BUDGET_S = 160.0, 265.0
+WARMUP, REPEAT = 5, 30
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def deepgemm_status(arch: str) -> str | None:
+    """None when DeepGEMM is usable here, else why not (printed, then the run goes on without it)."""
+    try:
+        module = importlib.import_module("deep_gemm")
+    except Exception as exc:  # noqa: BLE001 - any import failure is the message
+        return f"`import deep_gemm` failed ({type(exc).__name__}: {exc}); build DeepGEMM and put it on PYTHONPATH"
+    if spec_named("deepgemm") is None:
+        return "the deepgemm provider is not installed: pip install --no-deps -e providers/deepgemm"
+    c = mqa_core.explain(arch).candidate("deepgemm")
+    if not c.accepted:
+        return f"deepgemm is not usable: [{c.code}] {c.reason}"
+    log(f"DeepGEMM {getattr(module, '__version__', '?')} from {os.path.dirname(module.__file__ or '?')}")
+    return None
+
+
+def mix() -> list[TuneShape]:
+    """Engine-like shapes: each inside a bucket the engine preset tunes (other sizes, other windows),
+    and two outside every bucket."""
+    out = []
+    for h in (32, 64):
+        out += [TuneShape.prefill(700, 900, h, 128), TuneShape.prefill(1500, 1800, h, 128),
+                TuneShape.prefill(3000, 12000, h, 128, "suffix"), TuneShape.prefill(6000, 7000, h, 128),
+                TuneShape.prefill(10000, 12000, h, 128), TuneShape.prefill(5000, 20000, h, 128, "full"),
+                TuneShape.prefill(300, 70000, h, 128, "suffix"), TuneShape.prefill(1500, 40000, h, 128, "suffix"),
+                TuneShape.decode(1, 6000, 1, h, 128), TuneShape.decode(24, 40000, 1, h, 128),
+                TuneShape.decode(24, 6000, 2, h, 128), TuneShape.decode(100, 40000, 2, h, 128),
+                TuneShape.decode(100, 5000, 1, h, 128)]
+    out += [TuneShape.prefill(128, 2048, 64, 128), TuneShape.decode(8, 1000, 1, 64, 128)]  # outside the table
+    return out
+
+
+def run_op(w: Workload, x: Any) -> torch.Tensor:
+    if w.op == "fp8_paged_mqa_logits":
+        return mqa_core.fp8_paged_mqa_logits(*x.args(), clean_logits=True)
+    return mqa_core.fp8_mqa_logits(*x.args(), clean_logits=True)
+
+
+def reference(w: Workload, x: Any, arch: str) -> torch.Tensor:
+    if w.oracle_fits():
+        return w.float64_reference(x)
+    return w.run(provider_named("torch_ref", arch, op=w.op), x)
+
+
+def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device: torch.device,
+            arch: str) -> dict[str, Any]:
+    w = shape.workload()
+    sets = [w.setup(device, 1000 + j) for j in range(input_sets(w, device))]
+    ref = reference(w, sets[0], arch)
+    row: dict[str, Any] = {"shape": w.name, "op": w.op, "bucket": str(shape.bucket()), "ms": {}, "status": {}}
+    for label, env in configs.items():
+        with environment(**env):
+            try:
+                chosen = mqa_core.get_provider(arch, op=w.op, problem=w.problem).name
+                out = run_op(w, sets[0])
+                sync(device)
+                verdict = compare(out, ref, clean=True, against="reference")
+                del out
+                if not verdict.ok:
+                    row["status"][label] = f"WRONG ({chosen}): {verdict.detail}"
+                    continue
+                t = time_calls(lambda x: run_op(w, x), sets, device, warmup=WARMUP, repeat=REPEAT)
+                row["ms"][label] = t.median
+                row["status"][label] = "ok"
+                if label == "tuned":
+                    row["tuned_pick"] = chosen
+            except Exception as exc:  # noqa: BLE001 - one failing config must not stop the others
+                row["status"][label] = f"ERROR {type(exc).__name__}: {str(exc)[:200]}"
+    del sets, ref
+    torch.cuda.empty_cache()
+    singles = {k: v for k, v in row["ms"].items() if k != "tuned"}
+    if "tuned" in row["ms"] and singles:
+        best = min(singles, key=lambda k: singles[k])
+        row["best_single"], row["tuned_vs_best"] = best, singles[best] / row["ms"]["tuned"]
+    return row
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def main() -> int:
+    os.makedirs(OUT, exist_ok=True)
+    device = torch.device("cuda")
+    arch = mqa_core.detect_arch()
+    log(f"{torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}")
+    names = ["gluon", "triton", "deepgemm"]
+    why = deepgemm_status(arch)
+    if why:
+        log(f"NOTE: {why}. Comparing gluon and triton only.")
+        names.remove("deepgemm")
+
+    log(f"step 1: mqa tune --preset engine --providers {','.join(names)}")
+    rc = mqa_main(["tune", "--device", "cuda", "--preset", "engine", "--providers", ",".join(names),
+                   "--out", TABLE, "--warmup", "3", "--repeat", "15", "--budget", str(TUNE_BUDGET_S)])
+    log(f"mqa tune exit status {rc}; table {TABLE}")
+    if not os.path.exists(TABLE):
+        log("no table was written; stopping")
+        return 1
+
+    configs: dict[str, dict[str, str | None]] = {"tuned": {"MQA_TUNING": TABLE, "MQA_PROVIDER": None}}
+    configs.update({f"{n}-only": {"MQA_PROVIDER": n, "MQA_TUNING": None} for n in names})
+    rows = []
+    shapes = mix()
+    log(f"step 2: {len(shapes)} mix shapes x {len(configs)} configurations, checked then timed")
+    for i, shape in enumerate(shapes, 1):
+        if time.time() - T0 > BUDGET_S:
+            log(f"time budget reached: {len(shapes) - i + 1} mix shapes not started")
+            break
+        try:
+            row = measure(shape, configs, device, arch)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            continue
+        rows.append(row)
+        ms = ", ".join(f"{k} {v:.4f}" for k, v in row["ms"].items())
+        bad = {k: v for k, v in row["status"].items() if v != "ok"}
+        log(f"[{i}/{len(shapes)}] {row['shape']}: pick {row.get('tuned_pick', '-')}; {ms}"
+            + (f"; {bad}" if bad else ""))
+
+    ratios = [r["tuned_vs_best"] for r in rows if "tuned_vs_best" in r]
+    summary = {
+        "device": torch.cuda.get_device_name(), "arch": arch, "torch": torch.__version__, "providers": names,
+        "deepgemm_absent": why, "table": TABLE, "tune_exit_status": rc,
+        "tuned_vs_best_geomean": geomean(ratios), "tuned_vs_best_worst": min(ratios) if ratios else None,
+        # Within 3%: the medians of two configurations running the same kernel differ by about that.
+        "tuned_at_least_best_everywhere_within_3pct": bool(ratios) and min(ratios) >= 0.97,
+        **{f"tuned_vs_{n}_only_geomean": geomean([r["ms"][f"{n}-only"] / r["ms"]["tuned"] for r in rows
+                                                  if f"{n}-only" in r["ms"] and "tuned" in r["ms"]])
+           for n in names},
+        "rows": rows,
+    }
+    with open(os.path.join(OUT, "h200_tuned.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+    cols = ["tuned", *[f"{n}-only" for n in names]]
+    print("\nshape                                         pick      " + "  ".join(f"{c:>13}" for c in cols)
+          + "  tuned/best")
+    for r in rows:
+        cells = "  ".join(f"{r['ms'][c]:13.4f}" if c in r["ms"] else f"{r['status'].get(c, '-')[:13]:>13}"
+                          for c in cols)
+        ratio = f"{r['tuned_vs_best']:.2f}x" if "tuned_vs_best" in r else "-"
+        print(f"{r['shape'][:45]:45} {r.get('tuned_pick', '-'):9} {cells}  {ratio:>10}")
+    g, worst = summary["tuned_vs_best_geomean"], summary["tuned_vs_best_worst"]
+    print(f"tuned vs the best single provider per shape (ms ratio best/tuned, > 1 = tuned faster): geomean "
+          f"{g:.3f}x, worst {worst:.3f}x over {len(ratios)} shapes" if ratios else "no shape was timed")
+    for n in names:
+        v = summary[f"tuned_vs_{n}_only_geomean"]
+        print(f"tuned vs {n}-only: geomean {v:.3f}x" if v else f"tuned vs {n}-only: -")
+    print(f"JSON: {os.path.join(OUT, 'h200_tuned.json')}; table: {TABLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,419 @@
+"""``mqa tune``: measure providers per shape bucket, correctness first, and write a table for ``MQA_TUNING``.
+
+For each provider (those usable on the device, or the ones named) it first runs a subset of the
+conformance kit at each (op, H, D) the shapes use: ragged, corner-case and empty windows, 1-D and 2-D
+paged lengths, after a poisoned allocator. A provider that fails is left out of those buckets. Then
+every shape is checked against a reference and timed (``mqa bench``'s runner), with a progress bar on
+stderr. The table (``mqa_core.tuning``) records every provider's time in every bucket, stamped with
+what the timings depend on; the summary shows each bucket's winner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ..spec import OPS, Problem
+from .common import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..bench.workloads import Workload
+    from ..provider import Provider
+    from ..tuning import Bucket, TuningTable
+
+PREFILL, PAGED = OPS
+KINDS = ("causal", "full", "chunk", "suffix")
+
+EPILOG = """presets:
+  quick    prefill M x N = 64 x 256, 256 x 1024 (causal) and decode B x context x next_n =
+           2 x 256 x 1, 4 x 512 x 2; H=32 D=128 (seconds on a CPU)
+  engine   prefill, H=32 and 64, D=128: 512 and 1k prompts, 2k chunk after 6k, 4k and 8k prompts,
+           4k x 16k full windows, 256 x 64k and 1k x 32k prompt tails; decode, H=32 and 64, D=128:
+           batch 1 / 16 / 64 x context 4k / 32k x next_n 1 / 2 (minutes on an H200)
+
+shapes (--shapes, added to the preset):
+  prefill:M,N,H,D[:KIND]    KIND causal (default), full, chunk or suffix
+  decode:B,CONTEXT,NEXT_N,H,D
+
+buckets: op, H, D (and next_n for decode) with power-of-two ranges of M and N, written in the table
+as [lo, hi); prefill M = query tokens, N = keys; decode M = batch x next_n, N = context.
+
+examples:
+  mqa tune --device cpu --providers torch_ref,example_chunked --preset quick --out t.json
+  MQA_TUNING=t.json mqa explain --arch cpu --shape 256,1024,32,128
+  mqa tune --preset engine --providers gluon,triton,deepgemm --out h200.json"""
+
+
+@dataclass(frozen=True)
+class TuneShape:
+    """One measured shape: prefill (M, N, H, D, window kind) or decode (batch, context, next_n, H, D)."""
+
+    op: str
+    problem: Problem
+    kind: str = "causal"
+    batch: int = 0
+    next_n: int = 0
+
+    @classmethod
+    def prefill(cls, m: int, n: int, h: int, d: int, kind: str = "causal") -> TuneShape:
+        return cls(PREFILL, Problem(m, n, h, d), kind)
+
+    @classmethod
+    def decode(cls, batch: int, context: int, next_n: int, h: int, d: int) -> TuneShape:
+        return cls(PAGED, Problem(batch * next_n, context, h, d), "decode", batch, next_n)
+
+    @classmethod
+    def parse(cls, text: str) -> TuneShape:
+        head, _, rest = text.partition(":")
+        fields = rest.split(":")
+        try:
+            nums = [int(v) for v in fields[0].split(",")]
+        except ValueError:
+            nums = []
+        if head == "prefill" and len(nums) == 4 and len(fields) <= 2 and all(v > 0 for v in nums):
+            kind = fields[1] if len(fields) == 2 else "causal"
+            if kind in KINDS:
+                return cls.prefill(nums[0], nums[1], nums[2], nums[3], kind)
+        if head == "decode" and len(nums) == 5 and len(fields) == 1 and all(v > 0 for v in nums):
+            return cls.decode(nums[0], nums[1], nums[2], nums[3], nums[4])
+        raise UserError(f"--shapes: cannot read {text!r}; expected prefill:M,N,H,D[:KIND] with KIND in "
+                        f"{', '.join(KINDS)}, or decode:B,CONTEXT,NEXT_N,H,D (positive integers)")
+
+    @property
+    def name(self) -> str:
+        return self.workload().name
+
+    def workload(self) -> Workload:
+        from ..bench.workloads import Workload
+
+        return Workload(self.op, self.problem, self.kind, True, self.batch, self.next_n)
+
+    def bucket(self) -> Bucket:
+        from ..tuning import Bucket
+
+        return Bucket.of(self.op, self.problem, self.next_n or None)
+
+
+def quick_preset() -> list[TuneShape]:
+    return [TuneShape.prefill(64, 256, 32, 128), TuneShape.prefill(256, 1024, 32, 128),
+            TuneShape.decode(2, 256, 1, 32, 128), TuneShape.decode(4, 512, 2, 32, 128)]
+
+
+def engine_preset() -> list[TuneShape]:
+    """What an engine sends, one shape per bucket: short prompts, chunks, long-prompt tails, decode."""
+    out = []
+    for h in (32, 64):
+        out += [TuneShape.prefill(512, 512, h, 128), TuneShape.prefill(1024, 1024, h, 128),
+                TuneShape.prefill(2048, 8192, h, 128, "suffix"), TuneShape.prefill(4096, 4096, h, 128),
+                TuneShape.prefill(8192, 8192, h, 128), TuneShape.prefill(4096, 16384, h, 128, "full"),
+                TuneShape.prefill(256, 65536, h, 128, "suffix"), TuneShape.prefill(1024, 32768, h, 128, "suffix")]
+        out += [TuneShape.decode(b, ctx, nn, h, 128) for b in (1, 16, 64) for ctx in (4096, 32768) for nn in (1, 2)]
+    return out
+
+
+PRESETS: dict[str, Callable[[], list[TuneShape]]] = {"quick": quick_preset, "engine": engine_preset}
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("tune", help="measure providers per shape bucket and write a table for MQA_TUNING",
+                       description="Check (a kit subset, then each shape against a reference), then time "
+                                   "every provider usable on the device (or the ones named) per shape "
+                                   "bucket, and write a stamped JSON table: MQA_TUNING=FILE makes selection "
+                                   "take each bucket's fastest usable provider. Exit status 1 when a "
+                                   "provider computes a wrong result or crashes (the table is still written).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--providers", metavar="A,B", help="providers to measure (default: all usable here)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="the shapes (default: quick, unless --shapes is given)")
+    p.add_argument("--shapes", nargs="+", action="extend", default=[], metavar="SHAPE",
+                   help="shapes to measure, added to --preset (see below)")
+    p.add_argument("--out", default="mqa-tuning.json", metavar="FILE", help="the table (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the table as JSON instead of the summary")
+    p.add_argument("--repeat", type=int, default=None, help="timed calls (default: 20 on GPU, 5 on CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default: 5 on GPU, 1 on CPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="start no new shape after this many seconds; the table holds the buckets measured")
+
+
+# -- the kit subset ----------------------------------------------------------------------------------
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:240] if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {text[:200]}"
+
+
+def _kit_prefill(provider: Provider, h: int, d: int, device: torch.device, seed: int) -> None:
+    from ..testing.cases import make_windows, sizes_for
+    from ..testing.checks import Case, check_logits, poisoned_call
+    from ..testing.data import make_inputs
+
+    m, n = sizes_for(device).windows
+    problem = Problem(m, n, h, d)
+    for i, (window, clean) in enumerate((("ragged", True), ("edges", True), ("empty", True), ("chunk", False))):
+        x = make_inputs(problem, device=device, window="full", seed=seed + i)
+        ks, ke = make_windows(window, m, n, seed + i)
+        x = replace(x, ks=ks.to(device), ke=ke.to(device))
+
+        def call(x: Any = x, clean: bool = clean) -> torch.Tensor:
+            return provider.fp8_mqa_logits(*x.args(), clean_logits=clean)
+
+        out = poisoned_call(call, device, m, n)
+        case = Case(provider.name, PREFILL, f"window={window} clean_logits={clean}", problem, seed + i, seed)
+        check_logits(out, x.reference(), case, clean=clean, windows=(ks, ke))
+
+
+def _kit_paged(provider: Provider, h: int, d: int, device: torch.device, seed: int) -> None:
+    import torch
+
+    from ..testing.cases import PAGED_BLOCK_SIZE, short_context_lens, sizes_for
+    from ..testing.checks import Case, check_logits, poisoned_call
+    from ..testing.data import make_paged_inputs
+
+    ctx = sizes_for(device).paged_context
+    for i, (batch, next_n, lens_2d, clean) in enumerate(((3, 1, False, True), (3, 2, True, True),
+                                                         (2, 2, False, False))):
+        x = make_paged_inputs(batch, next_n, h, d, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed + i)
+        lens = short_context_lens(x.context_lens, next_n, ctx)
+        if lens_2d:
+            lens = lens[:, None] - next_n + torch.arange(1, next_n + 1, dtype=lens.dtype)[None, :]
+        x = replace(x, q=x.q.to(device), kv_cache=x.kv_cache.to(device), weights=x.weights.to(device),
+                    context_lens=lens.to(device), block_tables=x.block_tables.to(device))
+
+        def call(x: Any = x, clean: bool = clean) -> torch.Tensor:
+            return provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean)
+
+        out = poisoned_call(call, device, batch * next_n, ctx)
+        case = Case(provider.name, PAGED, f"batch={batch} next_n={next_n} lens_2d={lens_2d} clean={clean}",
+                    Problem(batch * next_n, ctx, h, d), seed + i, seed)
+        check_logits(out, x.reference(), case, clean=clean)
+
+
+def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device, seed: int) -> str | None:
+    """A few conformance-kit cases at (op, H, D): None when all pass, else the first failure.
+
+    Prefill: ragged, corner-case and empty windows cleaned, a chunk uncleaned; decode: 1-D and 2-D
+    lengths with short and block-edge contexts; each call after a poisoned allocator.
+    """
+    try:
+        (_kit_prefill if op == PREFILL else _kit_paged)(provider, h, d, device, seed)
+    except Exception as exc:  # AssertionError from the checks, or the provider crashing
+        return _short(exc)
+    return None
+
+
+# -- progress --------------------------------------------------------------------------------------
+
+class Progress:
+    """A one-line bar on stderr when it is a terminal, one line per step otherwise."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = max(1, total), 0
+        self.tty = sys.stderr.isatty()
+
+    def step(self, text: str) -> None:
+        self.done = min(self.total, self.done + 1)
+        self.note(text)
+
+    def note(self, text: str) -> None:
+        width = 24
+        filled = round(width * self.done / self.total)
+        bar = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+        if self.tty:
+            print(f"\r\033[K{bar}{text[:100]}", end="", file=sys.stderr, flush=True)
+        else:
+            print(f"{bar}{text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr, flush=True)
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Result:
+    """One provider on one shape: ms (median) when correct and timed, else None and why."""
+
+    ms: float | None
+    status: str
+
+
+def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[tuple[str, str], Provider],
+            device: torch.device, arch: str, *, warmup: int, repeat: int, seed: int,
+            progress: Progress, deadline: float | None = None) -> dict[int, dict[str, Result]]:
+    """Kit subset per (provider, op, H, D), then check + time each shape: shape index -> name -> result.
+
+    After ``deadline`` (a ``time.monotonic()`` value) no new shape is started; those are left out.
+    """
+    from ..bench.runner import run_workloads
+    from ..select import shape_reason
+
+    kit: dict[tuple[str, str, int, int], str | None] = {}
+    results: dict[int, dict[str, Result]] = {}
+    for i, shape in enumerate(shapes):
+        if deadline is not None and time.monotonic() > deadline:
+            progress.note(f"time budget reached: {len(shapes) - i} shape(s) not measured")
+            break
+        op, p = shape.op, shape.problem
+        mine: dict[str, Result] = {}
+        timed: list[str] = []
+        for name in names:
+            provider = providers.get((name, op))
+            if provider is None:
+                mine[name] = Result(None, f"unsupported: does not declare {op}")
+                continue
+            reason = shape_reason(provider.spec, p)
+            if reason:
+                mine[name] = Result(None, f"unsupported: {reason}")
+                continue
+            key = (name, op, p.h, p.d)
+            if key not in kit:
+                progress.note(f"kit subset: {name} {op} H={p.h} D={p.d}")
+                kit[key] = kit_check(provider, op, p.h, p.d, device, seed)
+            if kit[key]:
+                mine[name] = Result(None, f"wrong: kit subset failed: {kit[key]}")
+                continue
+            timed.append(name)
+        for name in names:
+            if name not in timed:
+                progress.step(f"{shape.name} {name}: {mine[name].status}")
+        rows = run_workloads([shape.workload()], timed, providers, device, arch, warmup=warmup, repeat=repeat,
+                             seed=seed + i, progress=progress.step) if timed else []
+        for row in rows:
+            status = row["status"]
+            if status == "ok":
+                mine[row["provider"]] = Result(float(row["ms_median"]), "ok")
+            else:
+                mine[row["provider"]] = Result(None, f"{status}: {row.get('reason', '')}")
+        results[i] = mine
+    return results
+
+
+def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict[int, dict[str, Result]],
+                stamp: Any, info: dict[str, Any]) -> TuningTable:
+    """One entry per bucket; a bucket measured on several shapes keeps each provider's geomean time."""
+    from ..tuning import Entry, TuningTable
+
+    groups: dict[Any, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        if i in results:  # shapes a time budget left out have no entry
+            groups.setdefault(shape.bucket(), []).append(i)
+    entries = []
+    for bucket, idx in groups.items():
+        times: dict[str, float | None] = {}
+        status: dict[str, str] = {}
+        for name in names:
+            rs = [results[i][name] for i in idx]
+            bad = next((r for r in rs if r.ms is None), None)
+            ms = [r.ms for r in rs if r.ms is not None]
+            times[name] = None if bad else math.exp(sum(math.log(t) for t in ms) / len(ms))
+            status[name] = bad.status if bad else "ok"
+        entries.append(Entry(bucket, times, status, tuple(shapes[i].name for i in idx)))
+    return TuningTable(stamp, tuple(entries), info=info)
+
+
+def summary(table: TuningTable, names: Sequence[str]) -> str:
+    head = ["bucket", "winner", *names]
+    rows = [head]
+    wins: dict[str, int] = {}
+    for e in table.entries:
+        winner = e.ranking[0] if e.ranking else "-"
+        wins[winner] = wins.get(winner, 0) + 1
+        cells = [str(e.bucket), winner]
+        for n in names:
+            t = e.times_ms.get(n)
+            cells.append(f"{t:.4g}" if t is not None else e.status.get(n, "-").split(":")[0])
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append("wins: " + ", ".join(f"{n} {c}" for n, c in sorted(wins.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return "\n".join(lines)
+
+
+def _device(text: str | None) -> torch.device:
+    """``--device`` (already checked by the CLI's common handler), or the GPU when there is one."""
+    import torch
+
+    return torch.device(text or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..arch import arch_of_device
+    from ..bench import report
+    from ..errors import ProviderUnavailableError
+    from ..testing.providers import provider_named, spec_named, usable_providers
+    from ..tuning import current_stamp
+
+    start = time.monotonic()
+    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
+        raise UserError("--repeat must be >= 1 and --warmup >= 0")
+    if args.budget is not None and args.budget <= 0:
+        raise UserError("--budget must be > 0 seconds")
+    shapes = [TuneShape.parse(s) for s in args.shapes]
+    preset = args.preset or ("quick" if not shapes else None)
+    shapes = (PRESETS[preset]() if preset else []) + shapes
+    device = _device(args.device)
+    arch = arch_of_device(device)
+    gpu = device.type != "cpu"
+    repeat = args.repeat or (20 if gpu else 5)
+    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    ops = list(dict.fromkeys(s.op for s in shapes))
+    names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
+             else usable_providers(arch, ops))
+    if not names:
+        raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)} (see `mqa explain`)")
+    providers: dict[tuple[str, str], Provider] = {}
+    for name in names:
+        spec = spec_named(name)
+        if spec is None:
+            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
+        for op in ops:
+            if op in spec.ops:
+                try:
+                    providers[(name, op)] = provider_named(name, arch, op=op)
+                except ProviderUnavailableError as exc:
+                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
+
+    device_name = report.device_name(device)
+    print(f"mqa tune: {len(shapes)} shapes x {len(names)} providers ({', '.join(names)}) on {device_name} "
+          f"({arch}); kit subset, then {warmup} warm-up + {repeat} timed calls each", file=sys.stderr, flush=True)
+    progress = Progress(len(shapes) * len(names))
+    try:
+        results = measure(shapes, names, providers, device, arch, warmup=warmup, repeat=repeat, seed=args.seed,
+                          progress=progress, deadline=None if args.budget is None else start + args.budget)
+    finally:
+        progress.close()
+    dists = {n: spec.distribution for n in names if (spec := spec_named(n)) is not None}
+    info = {"created": report.now(), "commit": report.git_commit(),
+            "arguments": {"device": str(device), "providers": list(names), "preset": preset,
+                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "seed": args.seed,
+                          "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)}}
+    table = build_table(shapes, names, results, current_stamp(device, dists), info)
+    table.write(args.out)
+    if args.json:
+        print(json.dumps(table.to_dict(), indent=1))
+    else:
+        print(f"fp8 MQA logits on {device_name} ({arch}): median ms of {repeat} calls after {warmup} warm-up")
+        print(summary(table, names))
+        if len(results) < len(shapes):
+            print(f"time budget ({args.budget:g} s) reached: {len(shapes) - len(results)} of {len(shapes)} "
+                  "shapes not measured; their buckets fall back to priority")
+        print(f"wrote {args.out}: use it with MQA_TUNING={args.out}")
+    bad = [(shapes[i].name, n, r.status) for i, rs in results.items() for n, r in rs.items()
+           if r.status.startswith(("wrong", "error"))]
+    if bad:
+        print(f"mqa tune: {len(bad)} result(s) wrong or crashed: "
+              + "; ".join(f"{n} on {s}: {st}" for s, n, st in bad[:5]), file=sys.stderr)
+    return 1 if bad else 0

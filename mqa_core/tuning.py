@@ -1,0 +1,422 @@
+"""Measured selection: a stamped table of per-shape-bucket timings (``mqa tune``) and how selection uses it.
+
+``MQA_TUNING=FILE`` makes selection take, for a problem's bucket, the fastest measured provider among
+those usable for the request; outside the table's buckets (or when none of its measured providers is
+usable) the priority rule decides as usual. An explicit ``MQA_PROVIDER`` still wins over the table.
+
+A bucket is (op, H, D, next_n) with power-of-two ranges of M and N, written out as ``[lo, hi)`` in the
+file so a reader needs no code to look a shape up:
+
+- prefill (``fp8_mqa_logits``): M = query tokens, N = keys;
+- decode (``fp8_paged_mqa_logits``): M = batch x next_n (rows of logits), N = max_context_len, and
+  next_n exact when the request carries it (a problem without it matches the bucket's entries over
+  every next_n, ranked by the geometric mean of their times).
+
+The table's ``stamp`` records what its timings depend on (device name, arch and compute capability,
+torch, triton, mqa-core and each measured provider's distribution version). A table whose stamp does
+not match this environment is ignored with one warning naming the file. The check runs once per
+process, on the first request for the table's arch (it queries the device, so importing mqa_core or
+listing providers never initialises CUDA); nothing is timed when an engine starts. The lookup per
+call is a dict lookup keyed by the bucket, and the same file gives the same choice on every rank.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import math
+import platform
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from .errors import SettingsError
+from .spec import OPS, Problem, ProviderSpec
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("mqa_core")
+
+SCHEMA = "mqa-tuning/1"
+PREFILL, PAGED = OPS
+#: Distributions that provide the ``triton`` module (upstream, ROCm's build, nightlies).
+TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly")
+BUCKETS_DOC = ("A problem uses the entry with its op, H, D (and next_n for decode, when known) whose "
+               "ranges [lo, hi) contain its M and N. Prefill: M = query tokens, N = keys. Decode: M = "
+               "batch x next_n rows, N = max_context_len. Ranges are powers of two: [0, 1), [1, 2), [2, 4)...")
+
+BucketKey = tuple[str, int, int, int, int, int]  # (op, h, d, m index, n index, next_n or 0)
+
+
+def bucket_index(x: int) -> int:
+    """The power-of-two range of ``x``: 0 -> [0, 1), 1 -> [1, 2), 2..3 -> [2, 4), 4..7 -> [4, 8)..."""
+    return x.bit_length()
+
+
+def bucket_range(index: int) -> tuple[int, int]:
+    return (0, 1) if index == 0 else (1 << (index - 1), 1 << index)
+
+
+def _range_index(r: Sequence[int], what: str) -> int:
+    lo, hi = (int(v) for v in r)
+    for i in range(64):
+        if bucket_range(i) == (lo, hi):
+            return i
+    raise ValueError(f"{what} range [{lo}, {hi}) is not a power-of-two bucket ([0, 1), [1, 2), [2, 4), ...)")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Which problems an entry covers: op, H, D, next_n (decode; None = any) and M, N ranges [lo, hi)."""
+
+    op: str
+    h: int
+    d: int
+    m: tuple[int, int]
+    n: tuple[int, int]
+    next_n: int | None = None
+
+    def __post_init__(self) -> None:
+        errors = []
+        if self.op not in OPS:
+            errors.append(f"op {self.op!r} is not one of {', '.join(OPS)}")
+        for k in ("h", "d"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                errors.append(f"{k} must be a positive int, got {v!r}")
+        for k in ("m", "n"):
+            try:
+                _range_index(getattr(self, k), k)
+                object.__setattr__(self, k, tuple(int(v) for v in getattr(self, k)))
+            except (TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        if self.op == PREFILL and self.next_n is not None:
+            errors.append("next_n is for decode (fp8_paged_mqa_logits) buckets only")
+        if self.next_n is not None and (not isinstance(self.next_n, int) or self.next_n <= 0):
+            errors.append(f"next_n must be a positive int or null, got {self.next_n!r}")
+        if errors:
+            raise ValueError("invalid bucket: " + "; ".join(errors))
+
+    @classmethod
+    def of(cls, op: str, problem: Problem, next_n: int | None = None) -> Bucket:
+        return cls(op, problem.h, problem.d, bucket_range(bucket_index(problem.m)),
+                   bucket_range(bucket_index(problem.n)), next_n if op == PAGED else None)
+
+    @property
+    def key(self) -> BucketKey:
+        return (self.op, self.h, self.d, _range_index(self.m, "m"), _range_index(self.n, "n"), self.next_n or 0)
+
+    def __str__(self) -> str:
+        nn = f" next_n={self.next_n}" if self.next_n else ""
+        return (f"{self.op} H={self.h} D={self.d}{nn} M in [{self.m[0]}, {self.m[1]}) "
+                f"N in [{self.n[0]}, {self.n[1]})")
+
+
+def key_of(op: str, problem: Problem) -> BucketKey:
+    """The lookup key of a request: the hot path's only work besides one dict lookup."""
+    next_n = (getattr(problem, "next_n", None) or 0) if op == PAGED else 0
+    return (op, problem.h, problem.d, problem.m.bit_length(), problem.n.bit_length(), next_n)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One bucket's measurements: median ms per provider (None: not usable, wrong or crashed) and why."""
+
+    bucket: Bucket
+    times_ms: Mapping[str, float | None]
+    status: Mapping[str, str] = field(default_factory=dict)
+    #: The shapes measured for this bucket, as text (e.g. ``causal M=4096 N=16384 H=64 D=128``).
+    shapes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        times = {}
+        for name, t in dict(self.times_ms).items():
+            if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)
+                                  or not math.isfinite(t) or t <= 0):
+                raise ValueError(f"invalid time for {name} in bucket {self.bucket}: {t!r} (ms > 0, or null)")
+            times[str(name)] = None if t is None else float(t)
+        object.__setattr__(self, "times_ms", MappingProxyType(times))
+        object.__setattr__(self, "status", MappingProxyType({str(k): str(v) for k, v in dict(self.status).items()}))
+        object.__setattr__(self, "shapes", tuple(self.shapes))
+
+    @property
+    def ranking(self) -> tuple[str, ...]:
+        """Measured providers, fastest first; equal times by name, so every rank orders them alike."""
+        timed = [(t, n) for n, t in self.times_ms.items() if t is not None]
+        return tuple(n for _, n in sorted(timed))
+
+    def times_text(self) -> str:
+        return ", ".join(f"{n} {self.times_ms[n]:.4g} ms" for n in self.ranking)
+
+    def to_dict(self) -> dict[str, Any]:
+        b = self.bucket
+        return {"op": b.op, "h": b.h, "d": b.d, "next_n": b.next_n, "m": list(b.m), "n": list(b.n),
+                "winner": self.ranking[0] if self.ranking else None, "ranking": list(self.ranking),
+                "times_ms": dict(self.times_ms), "status": dict(self.status), "shapes": list(self.shapes)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Entry:
+        bucket = Bucket(d["op"], d["h"], d["d"], tuple(d["m"]), tuple(d["n"]), d.get("next_n"))  # type: ignore[arg-type]
+        return cls(bucket, d["times_ms"], d.get("status", {}), tuple(d.get("shapes", ())))
+
+
+def _merge_next_n(entries: Sequence[Entry]) -> Entry:
+    """One entry for a decode bucket over every next_n: geomean time of providers timed in all of them."""
+    first = entries[0].bucket
+    names = sorted({n for e in entries for n in e.times_ms})
+    times: dict[str, float | None] = {}
+    for name in names:
+        ts = [t for e in entries if (t := e.times_ms.get(name)) is not None]
+        times[name] = math.exp(sum(math.log(t) for t in ts) / len(ts)) if len(ts) == len(entries) else None
+    shapes = tuple(s for e in entries for s in e.shapes)
+    return Entry(Bucket(first.op, first.h, first.d, first.m, first.n, None), times, {}, shapes)
+
+
+# -- the stamp ------------------------------------------------------------------------------------
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def triton_version() -> str | None:
+    return next(filter(None, (_version(d) for d in TRITON_DISTS)), None)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return model or platform.processor() or platform.machine() or "CPU"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """What a table's timings are valid for.
+
+    :param versions: ``"torch"``, ``"triton"``, ``"mqa-core"`` and each measured provider's distribution
+        name -> version (None: not installed).
+    :param providers: measured provider name -> its distribution.
+    """
+
+    device_name: str
+    arch: str
+    capability: str | None
+    versions: Mapping[str, str | None]
+    providers: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for k in ("device_name", "arch"):
+            if not isinstance(getattr(self, k), str) or not getattr(self, k):
+                raise ValueError(f"stamp.{k} must be a non-empty string, got {getattr(self, k)!r}")
+        for k in ("torch", "triton", "mqa-core"):
+            if k not in self.versions:
+                raise ValueError(f"stamp.versions must record {k!r}")
+        object.__setattr__(self, "versions", MappingProxyType(dict(self.versions)))
+        object.__setattr__(self, "providers", MappingProxyType(dict(self.providers)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device_name": self.device_name, "arch": self.arch, "capability": self.capability,
+                "versions": dict(self.versions), "providers": dict(self.providers)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Stamp:
+        return cls(d["device_name"], d["arch"], d.get("capability"), d["versions"], d.get("providers", {}))
+
+    def mismatches(self, here: Stamp) -> list[str]:
+        """What differs between this (the table's) stamp and ``here``'s, as 'what: here vs table'."""
+        out = []
+        for k in ("device_name", "arch", "capability"):
+            if getattr(here, k) != getattr(self, k):
+                out.append(f"{k.replace('_', ' ')} {getattr(here, k)} here vs {getattr(self, k)} in the table")
+        for k, v in self.versions.items():
+            if here.versions.get(k) != v:
+                out.append(f"{k} {here.versions.get(k) or 'not installed'} here vs {v} in the table")
+        return out
+
+
+def current_stamp(device: torch.device, providers: Mapping[str, str]) -> Stamp:
+    """This environment's stamp for ``device`` and the given providers (name -> distribution)."""
+    import torch
+
+    from .arch import arch_of_device
+
+    if device.type == "cpu":
+        name, capability = cpu_name(), None
+    else:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        name, capability = props.name, f"{props.major}.{props.minor}"
+    versions: dict[str, str | None] = {"torch": torch.__version__, "triton": triton_version(),
+                                       "mqa-core": _version("mqa-core")}
+    for dist in sorted(set(providers.values())):
+        versions[dist] = _version(dist)
+    return Stamp(name, arch_of_device(device), capability, versions, dict(providers))
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TuningTable:
+    """A stamped set of bucket entries, indexed for one dict lookup per request."""
+
+    stamp: Stamp
+    entries: tuple[Entry, ...]
+    path: str = ""
+    #: Free-form provenance (date, command, commit): written and read back, never interpreted.
+    info: Mapping[str, Any] = field(default_factory=dict)
+    _index: Mapping[BucketKey, Entry] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", tuple(self.entries))
+        index: dict[BucketKey, Entry] = {}
+        for e in self.entries:
+            if e.bucket.key in index:
+                raise ValueError(f"two entries for bucket {e.bucket}")
+            index[e.bucket.key] = e
+        # Decode entries also answer requests that do not say their next_n (key next_n = 0).
+        groups: dict[BucketKey, list[Entry]] = {}
+        for e in self.entries:
+            if e.bucket.op == PAGED and e.bucket.next_n:
+                groups.setdefault(e.bucket.key[:5] + (0,), []).append(e)
+        for key, group in groups.items():
+            if key not in index:
+                index[key] = _merge_next_n(sorted(group, key=lambda e: e.bucket.next_n or 0))
+        object.__setattr__(self, "_index", MappingProxyType(index))
+        object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
+
+    def lookup(self, op: str, problem: Problem) -> Entry | None:
+        return self._index.get(key_of(op, problem))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "stamp": self.stamp.to_dict(), **dict(self.info), "buckets": BUCKETS_DOC,
+                "entries": [e.to_dict() for e in self.entries]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "") -> TuningTable:
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}")
+        info = {k: v for k, v in d.items() if k not in ("schema", "stamp", "entries", "buckets")}
+        return cls(Stamp.from_dict(d["stamp"]), tuple(Entry.from_dict(e) for e in d["entries"]), path, info)
+
+    def write(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+            f.write("\n")
+
+
+def load_tuning(path: str) -> TuningTable:
+    """Read a table written by ``mqa tune``; raises ValueError naming the file and what is wrong."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read tuning table {path}: {exc}") from None
+    try:
+        return TuningTable.from_dict(data, path)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"invalid tuning table {path}: {what}") from None
+
+
+# -- selection ------------------------------------------------------------------------------------
+
+class Tuning:
+    """A loaded table as selection uses it; held by the registry's state and called under its lock.
+
+    Whether the stamp matches is learned once, on the first request for the table's arch; the answer
+    is kept for the life of the state (``mqa_core.reload()`` starts over).
+    """
+
+    def __init__(self, table: TuningTable) -> None:
+        self.table = table
+        self._matches: bool | None = None
+
+    def _environment_matches(self) -> bool:
+        if self._matches is None:
+            self._matches = False
+            try:
+                diffs = self._differences()
+            except Exception as exc:  # a broken environment probe must not break selection
+                diffs = [f"cannot inspect this environment ({type(exc).__name__}: {exc})"]
+            if diffs:
+                text = (f"mqa_core: tuning table {self.table.path} (MQA_TUNING) does not match this "
+                        f"environment ({'; '.join(diffs)}); it is ignored and providers are chosen by "
+                        "priority. Run `mqa tune` here to measure this environment.")
+                log.info("%s", text)  # the warning below is the one the user sees, once
+                warnings.warn(text, RuntimeWarning, stacklevel=1)
+            else:
+                self._matches = True
+        return self._matches
+
+    def _differences(self) -> list[str]:
+        import torch
+
+        stamp = self.table.stamp
+        if stamp.arch == "cpu":
+            device = torch.device("cpu")
+        elif not torch.cuda.is_available():
+            return [f"no GPU here vs {stamp.device_name} ({stamp.arch}) in the table"]
+        else:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return stamp.mismatches(current_stamp(device, stamp.providers))
+
+    def applies(self, arch: str, problem: Problem | None) -> bool:
+        """Whether the table speaks for this request at all: a shape, its arch, a matching stamp."""
+        return problem is not None and arch == self.table.stamp.arch and self._environment_matches()
+
+    def entry(self, arch: str, op: str, problem: Problem | None) -> Entry | None:
+        """The measured entry for a request, or None (no shape, another arch, no bucket, stale stamp)."""
+        if problem is None or arch != self.table.stamp.arch:
+            return None
+        entry = self.table.lookup(op, problem)
+        if entry is None or not self._environment_matches():
+            return None
+        return entry
+
+    def order(self, arch: str, op: str, problem: Problem | None,
+              plan: tuple[ProviderSpec, ...]) -> tuple[ProviderSpec, ...]:
+        """``plan`` (usable specs, priority order) with the measured ones first, fastest first."""
+        entry = self.entry(arch, op, problem)
+        if entry is None:
+            return plan
+        ranking = entry.ranking
+        ranked = [s for name in ranking for s in plan if s.name == name]
+        return tuple(ranked + [s for s in plan if s.name not in ranking]) if ranked else plan
+
+    def choose(self, arch: str, op: str, problem: Problem | None,
+               accepted: Iterable[str]) -> tuple[str | None, str] | None:
+        """For :func:`mqa_core.select.decide`: (the fastest usable measured provider, why), or
+        (None, a note for the priority rule's why), or None when the table has nothing to say."""
+        entry = self.entry(arch, op, problem)
+        if entry is None:
+            if problem is not None and self.applies(arch, problem):
+                return None, f"{self.table.path} has no entry for bucket {Bucket.of(op, problem)}"
+            return None
+        usable = set(accepted)
+        for name in entry.ranking:
+            if name in usable:
+                first = entry.ranking[0]
+                passed = "" if name == first else f" ({', '.join(entry.ranking[:entry.ranking.index(name)])} " \
+                                                  "not usable here)"
+                return name, (f"fastest measured usable provider{passed} in {self.table.path} for bucket "
+                              f"{entry.bucket}: {entry.times_text()}")
+        return None, f"{self.table.path} measured none of the usable providers for bucket {entry.bucket}"
+
+
+def from_setting(path: str | None) -> Tuning | None:
+    """``MQA_TUNING``'s value -> the table selection uses (None when unset); a bad file raises."""
+    if not path:
+        return None
+    try:
+        return Tuning(load_tuning(path))
+    except ValueError as exc:
+        raise SettingsError(f"MQA_TUNING={path}: {exc}") from None

@@ -1,0 +1,211 @@
+"""``mqa tune`` end to end on the CPU, and ``MQA_TUNING`` driving ``mqa explain`` in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mqa_core.cli.main import main
+from mqa_core.cli.tune import TuneShape, engine_preset
+from mqa_core.tuning import load_tuning
+
+
+def mqa(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MQA_")}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "mqa_core.cli.main", *args], capture_output=True, text=True,
+                          env=full, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> Path:
+    """The done-when command, run once as a user would."""
+    where = tmp_path_factory.mktemp("tune")
+    r = mqa("tune", "--device", "cpu", "--providers", "torch_ref,example_chunked", "--preset", "quick",
+            "--out", "t.json", cwd=where)
+    assert r.returncode == 0, r.stderr
+    assert "wrote t.json: use it with MQA_TUNING=t.json" in r.stdout
+    assert "wins: " in r.stdout and "[########################] 8/8" in r.stderr  # summary, progress
+    return where / "t.json"
+
+
+def test_tune_writes_a_stamped_table_with_every_provider_in_every_bucket(tuned):
+    data = json.loads(tuned.read_text())
+    stamp = data["stamp"]
+    assert stamp["arch"] == "cpu" and stamp["device_name"]
+    assert set(stamp["versions"]) >= {"torch", "triton", "mqa-core", "mqa-provider-torch-ref",
+                                      "mqa-provider-example-chunked"}
+    assert stamp["providers"] == {"torch_ref": "mqa-provider-torch-ref",
+                                  "example_chunked": "mqa-provider-example-chunked"}
+    assert len(data["entries"]) == 4
+    for e in data["entries"]:
+        assert set(e["times_ms"]) == set(e["status"]) == {"torch_ref", "example_chunked"}
+        assert e["times_ms"]["torch_ref"] > 0 and e["status"]["torch_ref"] == "ok"
+        if e["op"] == "fp8_paged_mqa_logits":
+            assert e["times_ms"]["example_chunked"] is None
+            assert e["status"]["example_chunked"] == "unsupported: does not declare fp8_paged_mqa_logits"
+            assert e["next_n"] in (1, 2)
+        else:
+            assert e["times_ms"]["example_chunked"] > 0 and e["next_n"] is None
+        assert e["winner"] == e["ranking"][0]
+    assert load_tuning(str(tuned)).entries  # and it loads
+
+
+def _explain(shape: str, path: Path, op: str = "fp8_mqa_logits") -> dict:
+    r = mqa("explain", "--arch", "cpu", "--op", op, "--shape", shape, "--json", env={"MQA_TUNING": str(path)})
+    assert r.returncode == 0, r.stderr
+    return {"stderr": r.stderr, **json.loads(r.stdout)}
+
+
+def test_explain_follows_the_table(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    big = next(e for e in data["entries"] if e["op"] == "fp8_mqa_logits" and e["m"] == [256, 512])
+    d = _explain("300,1100,32,128", tuned)
+    assert d["chosen"] == big["winner"]
+    assert str(tuned) in d["why"] and "ms" in d["why"]
+    # The same file with the other provider measured faster: the choice follows the numbers.
+    big["times_ms"] = {"torch_ref": 9.0, "example_chunked": 1.0}
+    flipped = tmp_path / "flipped.json"
+    flipped.write_text(json.dumps(data))
+    d = _explain("300,1100,32,128", flipped)
+    assert d["chosen"] == "example_chunked"
+    assert "example_chunked 1 ms, torch_ref 9 ms" in d["why"]
+    assert _explain("300,5000,32,128", flipped)["chosen"] == "torch_ref"  # outside the table: priority
+    paged = _explain("4,300,32,128", flipped, op="fp8_paged_mqa_logits")
+    assert paged["chosen"] == "torch_ref" and str(flipped) in paged["why"]
+
+
+def test_the_same_file_gives_the_same_choice_in_every_process(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    for e in data["entries"]:  # a tie, broken by name in every process
+        e["times_ms"] = {k: (1.0 if v is not None else None) for k, v in e["times_ms"].items()}
+    tie = tmp_path / "tie.json"
+    tie.write_text(json.dumps(data))
+    seen = {(d["chosen"], d["why"]) for d in (_explain("100,300,32,128", tie) for _ in range(3))}
+    assert seen == {("example_chunked", f"fastest measured usable provider in {tie} for bucket fp8_mqa_logits "
+                                         "H=32 D=128 M in [64, 128) N in [256, 512): example_chunked 1 ms, "
+                                         "torch_ref 1 ms")}
+
+
+def test_a_stamp_from_elsewhere_is_ignored_with_one_warning(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    data["stamp"]["versions"]["torch"] = "1.0.0"
+    for e in data["entries"]:
+        e["times_ms"]["example_chunked"] = 0.001 if e["times_ms"]["example_chunked"] else None
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps(data))
+    d = _explain("100,300,32,128", stale)
+    assert d["chosen"] == "torch_ref" and str(stale) not in d["why"]
+    lines = [ln for ln in d["stderr"].splitlines() if "tuning table" in ln]
+    assert len(lines) == 1, d["stderr"]
+    assert f"tuning table {stale} (MQA_TUNING) does not match this environment (torch " in lines[0]
+    assert "here vs 1.0.0 in the table" in lines[0]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--shapes", "prefill:1,2,3"], "--shapes: cannot read 'prefill:1,2,3'"),
+    (["--shapes", "decode:1,2,3,4,5:causal"], "--shapes: cannot read"),
+    (["--providers", "nope"], "provider 'nope' is not installed"),
+    (["--device", "banana"], "--device 'banana' is not a torch device"),
+    (["--repeat", "0"], "--repeat must be >= 1"),
+])
+def test_user_errors_are_one_line(capsys, tmp_path, args, says):
+    assert main(["tune", "--device", "cpu", "--out", str(tmp_path / "x.json"), *args]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_shapes_and_presets():
+    s = TuneShape.parse("decode:32,8192,2,64,128")
+    assert (s.op, s.problem.m, s.problem.n, s.batch, s.next_n) == ("fp8_paged_mqa_logits", 64, 8192, 32, 2)
+    assert s.bucket().next_n == 2 and s.name == "decode B=32 next_n=2 ctx=8192 H=64 D=128"
+    assert TuneShape.parse("prefill:4096,16384,64,128:full").kind == "full"
+    buckets = [s.bucket() for s in engine_preset()]
+    assert len(buckets) == len(set(buckets)) == 40  # one shape per bucket
+
+
+class _Off:
+    """A provider kernel 10% off in every in-window cell (real arithmetic, wrong result)."""
+
+    def fp8_mqa_logits(self, *args, **kw):
+        from mqa_provider_torch_ref.kernels import KERNELS
+
+        return KERNELS.fp8_mqa_logits(*args, **kw) * 1.1
+
+
+def test_a_wrong_provider_is_caught_by_the_kit_subset_and_left_out_of_the_table():
+    import torch
+
+    from mqa_core import Provider, ProviderSpec
+    from mqa_core.cli.tune import Progress, build_table, kit_check, measure
+    from mqa_core.testing.providers import provider_named
+    from mqa_core.tuning import current_stamp
+
+    spec = ProviderSpec(name="off", ops={"fp8_mqa_logits"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                        priority=5, load="nowhere.off:KERNEL")
+    off = Provider(spec, _Off())
+    cpu = torch.device("cpu")
+    reason = kit_check(off, "fp8_mqa_logits", 32, 64, cpu, seed=1)
+    assert reason is not None and "[off] fp8_mqa_logits window=ragged" in reason and "calc_diff" in reason
+    ref = provider_named("torch_ref", "cpu")
+    assert kit_check(ref, "fp8_mqa_logits", 32, 64, cpu, seed=1) is None
+    shapes = [TuneShape.prefill(32, 128, 32, 64), TuneShape.decode(2, 128, 1, 32, 64)]
+    providers = {("torch_ref", "fp8_mqa_logits"): ref, ("off", "fp8_mqa_logits"): off,
+                 ("torch_ref", "fp8_paged_mqa_logits"): provider_named("torch_ref", "cpu", op="fp8_paged_mqa_logits")}
+    results = measure(shapes, ["torch_ref", "off"], providers, cpu, "cpu", warmup=0, repeat=1, seed=0,
+                      progress=Progress(4))
+    assert results[0]["off"].ms is None and results[0]["off"].status.startswith("wrong: kit subset failed: [off]")
+    assert results[0]["torch_ref"].ms and results[0]["torch_ref"].status == "ok"
+    assert results[1]["off"].status == "unsupported: does not declare fp8_paged_mqa_logits"
+    table = build_table(shapes, ["torch_ref", "off"], results, current_stamp(cpu, {}), {})
+    assert [e.ranking for e in table.entries] == [("torch_ref",), ("torch_ref",)]
+
+
+def _h200_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "h200_tuned.py"
+    spec = importlib.util.spec_from_file_location("h200_tuned", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_h200_mix_lies_in_the_engine_buckets_but_off_the_tuned_shapes():
+    script = _h200_script()
+    tuned = {s.bucket(): s for s in engine_preset()}
+    shapes = script.mix()
+    inside = [s for s in shapes if s.bucket() in tuned]
+    assert len(inside) == len(shapes) - 2  # two shapes outside every bucket, on purpose
+    assert not {(s.op, s.problem) for s in shapes} & {(s.op, s.problem) for s in engine_preset()}
+
+
+def test_the_h200_measuring_path_runs_on_the_cpu(tuned, monkeypatch):
+    import torch
+
+    script = _h200_script()
+    monkeypatch.setattr(script, "WARMUP", 0)
+    monkeypatch.setattr(script, "REPEAT", 1)
+    configs = {"tuned": {"MQA_TUNING": str(tuned), "MQA_PROVIDER": None},
+               "torch_ref-only": {"MQA_PROVIDER": "torch_ref", "MQA_TUNING": None},
+               "example_chunked-only": {"MQA_PROVIDER": "example_chunked", "MQA_TUNING": None}}
+    row = script.measure(TuneShape.prefill(100, 300, 32, 128), configs, torch.device("cpu"), "cpu")
+    assert set(row["status"].values()) == {"ok"}, row
+    assert row["tuned_pick"] in ("torch_ref", "example_chunked") and row["tuned_vs_best"] > 0
+    paged = script.measure(TuneShape.decode(2, 300, 1, 32, 128), configs, torch.device("cpu"), "cpu")
+    assert paged["status"]["example_chunked-only"].startswith("ERROR ProviderUnavailableError")
+    assert paged["tuned_pick"] == "torch_ref" and paged["best_single"] == "torch_ref-only"
+
+
+def test_a_time_budget_leaves_unmeasured_shapes_out(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["tune", "--device", "cpu", "--providers", "torch_ref", "--shapes", "prefill:32,64,32,128",
+                 "decode:2,64,1,32,128", "--budget", "0.000001", "--out", str(out)]) == 0
+    assert "time budget (1e-06 s) reached: 2 of 2 shapes not measured" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["entries"] == [] and data["arguments"]["shapes_measured"] == 0

@@ -1,0 +1,249 @@
+"""Tuned selection: buckets, the table file, the stamp check, the pure decision and the registry path."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import mqa_core
+from mqa_core import Problem, ProviderSpec
+from mqa_core.select import decide
+from mqa_core.settings import Settings
+from mqa_core.testing.providers import environment
+from mqa_core.tuning import (
+    SCHEMA,
+    Bucket,
+    Entry,
+    Stamp,
+    Tuning,
+    TuningTable,
+    bucket_index,
+    bucket_range,
+    current_stamp,
+    load_tuning,
+)
+
+CPU_PROVIDERS = {"torch_ref": "mqa-provider-torch-ref", "example_chunked": "mqa-provider-example-chunked"}
+
+
+def here() -> Stamp:
+    return current_stamp(torch.device("cpu"), CPU_PROVIDERS)
+
+
+def entry(op="fp8_mqa_logits", h=32, d=128, m=(256, 512), n=(1024, 2048), next_n=None, **times):
+    return Entry(Bucket(op, h, d, m, n, next_n), times, {k: "ok" if v else "wrong: x" for k, v in times.items()})
+
+
+def write(path, entries, stamp=None) -> str:
+    TuningTable(stamp or here(), tuple(entries)).write(str(path))
+    return str(path)
+
+
+# -- buckets -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("x, r", [(0, (0, 1)), (1, (1, 2)), (2, (2, 4)), (3, (2, 4)), (4096, (4096, 8192)),
+                                  (8191, (4096, 8192)), (65536, (65536, 131072))])
+def test_power_of_two_ranges(x, r):
+    assert bucket_range(bucket_index(x)) == r
+    lo, hi = r
+    assert lo <= x < hi
+
+
+def test_bucket_of_a_problem_and_its_text():
+    b = Bucket.of("fp8_paged_mqa_logits", Problem(64, 32768, 64, 128), next_n=2)
+    assert (b.m, b.n, b.next_n) == ((64, 128), (32768, 65536), 2)
+    assert str(b) == "fp8_paged_mqa_logits H=64 D=128 next_n=2 M in [64, 128) N in [32768, 65536)"
+    assert Bucket.of("fp8_mqa_logits", Problem(3, 5, 32, 64), next_n=2).next_n is None
+
+
+@pytest.mark.parametrize("kw, says", [
+    ({"m": (3, 8)}, r"m range \[3, 8\) is not a power-of-two bucket"),
+    ({"op": "nope"}, "op 'nope' is not one of"),
+    ({"h": 0}, "h must be a positive int"),
+    ({"next_n": 2}, "next_n is for decode"),
+])
+def test_bad_buckets_are_refused(kw, says):
+    args = {"op": "fp8_mqa_logits", "h": 32, "d": 128, "m": (4, 8), "n": (8, 16), **kw}
+    with pytest.raises(ValueError, match=says):
+        Bucket(**args)
+
+
+def test_ranking_is_fastest_first_ties_by_name_and_skips_unmeasured():
+    e = entry(b=2.0, a=2.0, c=1.0, z=None)
+    assert e.ranking == ("c", "a", "b")
+    assert e.times_text() == "c 1 ms, a 2 ms, b 2 ms"
+    with pytest.raises(ValueError, match="invalid time for a"):
+        entry(a=-1.0)
+
+
+# -- the file ------------------------------------------------------------------------------------
+
+def test_round_trip_and_lookup(tmp_path):
+    path = write(tmp_path / "t.json", [entry(torch_ref=2.0, example_chunked=1.0),
+                                       entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(512, 1024), next_n=2,
+                                             torch_ref=1.0)])
+    table = load_tuning(path)
+    assert table.path == path and table.stamp == here()
+    data = json.load(open(path))
+    assert data["schema"] == SCHEMA and data["entries"][0]["winner"] == "example_chunked"
+    assert data["entries"][0]["m"] == [256, 512] and "power" in data["buckets"]
+    assert table.lookup("fp8_mqa_logits", Problem(300, 1500, 32, 128)).ranking == ("example_chunked", "torch_ref")
+    assert table.lookup("fp8_mqa_logits", Problem(300, 1500, 64, 128)) is None  # other H
+    assert table.lookup("fp8_mqa_logits", Problem(600, 1500, 32, 128)) is None  # other M bucket
+    assert table.lookup("fp8_paged_mqa_logits", Problem(6, 600, 32, 128)).ranking == ("torch_ref",)
+
+
+def test_decode_requests_without_next_n_merge_the_next_n_entries(tmp_path):
+    table = TuningTable(here(), (
+        entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(512, 1024), next_n=1, a=1.0, b=4.0),
+        entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(512, 1024), next_n=2, a=9.0, b=1.0, c=0.5),
+    ))
+    merged = table.lookup("fp8_paged_mqa_logits", Problem(5, 600, 32, 128))
+    assert merged.times_ms == pytest.approx({"a": 3.0, "b": 2.0, "c": None})  # geomeans; c measured in one only
+    assert merged.ranking == ("b", "a")
+
+    class WithNextN(Problem):
+        pass
+
+    p = WithNextN(5, 600, 32, 128)
+    object.__setattr__(p, "next_n", 2)
+    assert table.lookup("fp8_paged_mqa_logits", p).ranking == ("c", "b", "a")
+
+
+@pytest.mark.parametrize("content, says", [
+    ("{", "cannot read tuning table"),
+    ('{"schema": "other"}', "schema is 'other'"),
+    ('{"schema": "mqa-tuning/1", "entries": []}', "missing field 'stamp'"),
+])
+def test_invalid_files_name_the_file(tmp_path, content, says):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=says) as info:
+        load_tuning(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_stamp_mismatches_are_listed():
+    stamp = here()
+    other = Stamp("Other CPU", "cpu", None, {**stamp.versions, "torch": "1.0"}, stamp.providers)
+    assert other.mismatches(stamp) == [f"device name {stamp.device_name} here vs Other CPU in the table",
+                                       f"torch {stamp.versions['torch']} here vs 1.0 in the table"]
+    assert stamp.mismatches(stamp) == []
+
+
+# -- the pure decision ---------------------------------------------------------------------------
+
+def spec(name, priority):
+    return ProviderSpec(name=name, ops={"fp8_mqa_logits"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                        priority=priority, load=f"pkg.{name}:OBJ")
+
+
+SPECS = [spec("high", 100), spec("mid", 50), spec("low", 0)]
+
+
+def table_hook(ranking_times, matches=True):
+    t = Tuning(TuningTable(here(), (entry(**ranking_times),), path="t.json"))
+    t._matches = matches
+    return t.choose
+
+
+def test_decide_takes_the_fastest_usable_measured_provider():
+    p = Problem(300, 1500, 32, 128)
+    d = decide(SPECS, [], Settings(), arch="cpu", op="fp8_mqa_logits", problem=p,
+               tuning=table_hook({"low": 1.0, "high": 3.0}))
+    assert d.chosen == "low"
+    assert d.why == ("fastest measured usable provider in t.json for bucket fp8_mqa_logits H=32 D=128 "
+                     "M in [256, 512) N in [1024, 2048): low 1 ms, high 3 ms")
+    blocked = decide(SPECS, [], Settings(disabled=frozenset({"low"})), arch="cpu", op="fp8_mqa_logits",
+                     problem=p, tuning=table_hook({"low": 1.0, "high": 3.0}))
+    assert blocked.chosen == "high" and "(low not usable here)" in blocked.why
+
+
+def test_decide_falls_back_to_priority_outside_the_table_and_obeys_mqa_provider():
+    hook = table_hook({"low": 1.0})
+    outside = decide(SPECS, [], Settings(), arch="cpu", op="fp8_mqa_logits", problem=Problem(3, 5, 32, 128),
+                     tuning=hook)
+    assert outside.chosen == "high" and "t.json has no entry for bucket" in outside.why
+    none_usable = decide(SPECS, [], Settings(disabled=frozenset({"low"})), arch="cpu", op="fp8_mqa_logits",
+                         problem=Problem(300, 1500, 32, 128), tuning=hook)
+    assert none_usable.chosen == "high" and "measured none of the usable providers" in none_usable.why
+    named = decide(SPECS, [], Settings(preference=("mid",)), arch="cpu", op="fp8_mqa_logits",
+                   problem=Problem(300, 1500, 32, 128), tuning=hook)
+    assert named.chosen == "mid"
+    no_shape = decide(SPECS, [], Settings(), arch="cpu", op="fp8_mqa_logits", tuning=hook)
+    assert no_shape.chosen == "high" and "t.json" not in no_shape.why
+    stale = decide(SPECS, [], Settings(), arch="cpu", op="fp8_mqa_logits", problem=Problem(300, 1500, 32, 128),
+                   tuning=table_hook({"low": 1.0}, matches=False))
+    assert stale.chosen == "high" and stale.why.endswith("ties break by name")
+
+
+# -- through the registry, with the real CPU providers ---------------------------------------------
+
+def test_mqa_tuning_drives_get_provider_explain_and_the_op(tmp_path):
+    path = write(tmp_path / "t.json", [entry(torch_ref=2.0, example_chunked=1.0)])
+    inside, outside = Problem(300, 1500, 32, 128), Problem(30, 1500, 32, 128)
+    with environment(MQA_TUNING=path):
+        d = mqa_core.explain("cpu", problem=inside)
+        assert d.chosen == "example_chunked"
+        assert path in d.why and "example_chunked 1 ms, torch_ref 2 ms" in d.why
+        assert mqa_core.get_provider("cpu", problem=inside).name == "example_chunked"
+        assert mqa_core.get_provider("cpu", problem=outside).name == "torch_ref"
+        assert mqa_core.get_provider("cpu").name == "torch_ref"  # no shape, no bucket
+        x = mqa_core.testing.make_inputs(inside, seed=0)
+        out = mqa_core.fp8_mqa_logits(*x.args())
+        assert mqa_core.testing.calc_diff(out, x.reference()) < 1e-9
+    with environment(MQA_TUNING=path, MQA_PROVIDER="torch_ref"):
+        assert mqa_core.get_provider("cpu", problem=inside).name == "torch_ref"
+    with environment(MQA_TUNING=path, MQA_DISABLE_PROVIDERS="example_chunked"):
+        assert mqa_core.get_provider("cpu", problem=inside).name == "torch_ref"
+
+
+def test_a_stale_stamp_is_ignored_with_one_warning_naming_the_file(tmp_path):
+    stamp = here()
+    stale = Stamp(stamp.device_name, "cpu", None, {**stamp.versions, "mqa-provider-torch-ref": "0.0.1"},
+                  stamp.providers)
+    path = write(tmp_path / "stale.json", [entry(torch_ref=2.0, example_chunked=1.0)], stamp=stale)
+    inside = Problem(300, 1500, 32, 128)
+    with environment(MQA_TUNING=path), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert mqa_core.get_provider("cpu", problem=inside).name == "torch_ref"
+        d = mqa_core.explain("cpu", problem=inside)
+    assert d.chosen == "torch_ref" and path not in d.why
+    mine = [w for w in caught if "tuning table" in str(w.message)]
+    assert len(mine) == 1
+    assert str(mine[0].message).startswith(f"mqa_core: tuning table {path} (MQA_TUNING) does not match this "
+                                           "environment (mqa-provider-torch-ref 0.1.0 here vs 0.0.1 in the table)")
+
+
+def test_a_table_for_another_arch_is_not_consulted(tmp_path):
+    stamp = here()
+    gpu = Stamp("NVIDIA H200", "sm_90", "9.0", stamp.versions, stamp.providers)
+    path = write(tmp_path / "gpu.json", [entry(torch_ref=2.0, example_chunked=1.0)], stamp=gpu)
+    with environment(MQA_TUNING=path), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a CPU request never looks at an sm_90 table: no warning either
+        assert mqa_core.get_provider("cpu", problem=Problem(300, 1500, 32, 128)).name == "torch_ref"
+
+
+def test_a_bad_file_fails_loudly_naming_the_variable(tmp_path):
+    with environment(MQA_TUNING=str(tmp_path / "missing.json")):
+        with pytest.raises(ValueError, match=r"MQA_TUNING=.*missing.json: cannot read tuning table"):
+            mqa_core.get_provider("cpu")
+
+
+def test_the_hot_path_lookup_is_one_dict_get(tmp_path, monkeypatch):
+    path = write(tmp_path / "t.json", [entry(torch_ref=2.0, example_chunked=1.0)])
+    table = load_tuning(path)
+    calls = []
+
+    class Spy(dict):
+        def get(self, key, default=None):
+            calls.append(key)
+            return dict.get(self, key, default)
+
+    object.__setattr__(table, "_index", Spy(table._index))
+    assert table.lookup("fp8_mqa_logits", Problem(300, 1500, 32, 128)).ranking[0] == "example_chunked"
+    assert calls == [("fp8_mqa_logits", 32, 128, 9, 11, 0)]
