@@ -62,7 +62,7 @@ def test_interpreter_matches_reference(interpret, batch, next_n, h, d, ctx, bs, 
     check(out, inp.reference(), clean)
 
 
-@pytest.mark.parametrize("programs", [1, 2, 5, 64])
+@pytest.mark.parametrize("programs", [1, 2, 5, 17])  # 17: more programs than tiles
 @pytest.mark.parametrize("clean", [True, False])
 def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean):
     """Ragged contexts (one empty, one below next_n, one past the table) split over a fixed grid:
