@@ -156,7 +156,8 @@ def test_cached_launch_passes_the_arguments_the_kernel_declares(interpret, monke
         with op._interpreting():
             fn[(gx,)](*args, num_warps=4)
 
-    launch = op._Launch(run, "fn", "meta", 2, tuple(constexprs.values()), False, cfg.tile)
+    strides = op._strides(inp.q, pool, inp.weights, inp.context_lens, inp.block_tables)
+    launch = op._Launch(run, "fn", "meta", 2, tuple(constexprs.values()), False, cfg.tile, strides)
     monkeypatch.setattr(op, "_stream", lambda device: 7)
     out = op._run(launch, inp.q, pool, inp.weights, inp.context_lens, inp.block_tables, 150)
     assert calls == [2]

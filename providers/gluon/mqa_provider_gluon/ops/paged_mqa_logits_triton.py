@@ -476,6 +476,7 @@ class _Launch:
     constexprs: tuple[Any, ...]
     tma: bool
     tile: int
+    strides: tuple[int, ...]
 
 
 #: Launch state per call signature (see _signature). Bounded: a caller whose strides change on
@@ -501,16 +502,22 @@ def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
     return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
 
 
+def _strides(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
+             tables: torch.Tensor) -> tuple[int, ...]:
+    """block_bytes ... stride_btb: fixed for a call signature (which includes every stride)."""
+    stride0 = kv_cache.stride(0)
+    stride_clb, stride_clj = (lens.stride(0), 0) if lens.dim() == 1 else lens.stride()
+    return (stride0, stride0 // 4, *q.stride()[:3], weights.stride(0), stride_clb, stride_clj,
+            tables.stride(0))
+
+
 def _runtime_args(q: torch.Tensor, kv_cache: torch.Tensor, desc: Any, weights: torch.Tensor,
                   lens: torch.Tensor, tables: torch.Tensor, out: torch.Tensor, max_context_len: int,
-                  programs: int) -> tuple[Any, ...]:
+                  programs: int, strides: tuple[int, ...]) -> tuple[Any, ...]:
     """The kernel's non-constexpr arguments in parameter order (shared by both launch paths)."""
-    stride0, block_size = kv_cache.stride(0), kv_cache.shape[1]
-    stride_clb, stride_clj = (lens.stride(0), 0) if lens.dim() == 1 else lens.stride()
     return (q, kv_cache, desc, weights, lens, tables, out,
-            q.shape[0], max_context_len, min(max_context_len, tables.shape[1] * block_size),
-            kv_cache.shape[0], programs, stride0, stride0 // 4,
-            *q.stride()[:3], weights.stride(0), stride_clb, stride_clj, tables.stride(0), out.stride(0))
+            q.shape[0], max_context_len, min(max_context_len, tables.shape[1] * kv_cache.shape[1]),
+            kv_cache.shape[0], programs, *strides, out.stride(0))
 
 
 def _stream(device: torch.device) -> int:
@@ -530,7 +537,7 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     launch.run(launch.programs, 1, 1, _stream(q.device), launch.function, launch.packed_metadata,
                None, None, None,
                *_runtime_args(q, kv_cache, desc, weights, lens, tables, out, max_context_len,
-                              launch.programs),
+                              launch.programs, launch.strides),
                *launch.constexprs)
     return out
 
@@ -553,11 +560,13 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> Non
 
 
 def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
-             constexprs: dict[str, Any], device: torch.device) -> _Launch:
+             constexprs: dict[str, Any], strides: tuple[int, ...], device: torch.device) -> _Launch:
     """Compile for this signature (no launch) and size the persistent grid to one resident wave."""
     with torch.cuda.device(device):
         compiled = kernel(interpret=False).warmup(*args, grid=(1,), num_warps=cfg.num_warps,
                                                   num_stages=cfg.num_stages, **constexprs)
+        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
+            compiled = compiled.result()
         run = compiled.run  # loads the module: n_regs and the function handle are known after it
         sms, regs_per_sm, smem_per_sm, threads_per_sm = _device_facts(device.index)
     if cfg.programs:
@@ -570,7 +579,7 @@ def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
                                 threads_per_sm=threads_per_sm)
         programs = min(cfg.programs_per_sm, fit) * sms
     launch = _Launch(run, compiled.function, compiled.packed_metadata, programs,
-                     tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile)
+                     tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile, strides)
     with _LAUNCH_LOCK:
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
@@ -645,21 +654,22 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     prefetch = cfg.prefetch if (not interpret and torch.version.hip is None) else 0  # PTX only
     constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    strides = _strides(q, kv_cache, weights, context_lens, block_tables)
     if interpret:
         programs = cfg.programs or 3  # a few programs, so the interpreter exercises the split
         args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out,
-                             max_context_len, programs)
+                             max_context_len, programs, strides)
         with _interpreting():
             kernel(True)[(programs,)](*args, **constexprs, **options)
         return out
     if not kv_fnuz and not triton.knobs.runtime.launch_enter_hook:
         args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out,
-                             max_context_len, 0)
-        programs = _prepare(key, args, cfg, constexprs, q.device).programs
+                             max_context_len, 0, strides)
+        programs = _prepare(key, args, cfg, constexprs, strides, q.device).programs
     else:  # q converted per call, or hooks that want Triton's own launch path: no cached launch
         programs = cfg.programs or cfg.programs_per_sm * _device_facts(q.device.index or 0)[0]
     args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out, max_context_len,
-                         programs)
+                         programs, strides)
     with torch.cuda.device(q.device):
         kernel(False)[(programs,)](*args, **constexprs, **options)
     return out
