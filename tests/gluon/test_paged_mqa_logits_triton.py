@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -60,6 +62,9 @@ def test_interpreter_matches_reference(interpret, batch, next_n, h, d, ctx, bs, 
         inp.context_lens[1] = 0 if lens_2d else 1
     out = fp8_paged_mqa_logits_triton(*inp.args(), clean)
     check(out, inp.reference(), clean)
+    if next_n == 2:  # one dot per query row: the same values
+        out = fp8_paged_mqa_logits_triton(*inp.args(), clean, config=VARIANTS["rows"])
+        check(out, inp.reference(), clean)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 17])  # 17: more programs than tiles
@@ -84,17 +89,19 @@ def arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor
     return lens.to(torch.int32)
 
 
+@pytest.mark.parametrize("variant", ["base", "rows"])
 @pytest.mark.parametrize("bs", [64, 16])
 @pytest.mark.parametrize("clean", [True, False])
-def test_strided_pool_and_arbitrary_2d_lengths(interpret, bs, clean):
+def test_strided_pool_and_arbitrary_2d_lengths(interpret, bs, clean, variant):
     """A page pool with garbage (fp8 and float32 NaNs) between blocks, read in place, and 2-D
     lengths that the 1-D rule cannot express."""
     inp = make_paged_inputs(4, 2, 32, 64, 210, block_size=bs, seed=bs)
     pool = pad_paged_cache(inp.kv_cache, 4 * 37)
     lens = arbitrary_lens(4, 2, 210, seed=bs)
     ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, inp.block_tables, 210)
+    cfg = dataclasses.replace(VARIANTS[variant], programs=3)
     out = fp8_paged_mqa_logits_triton(inp.q, pool, inp.weights, lens, inp.block_tables, 210, clean,
-                                      config=PagedConfig(programs=3))
+                                      config=cfg)
     check(out, ref, clean)
 
 
@@ -182,6 +189,7 @@ def test_signature_tells_apart_what_triton_specialises_on():
 def test_resident_programs():
     # 166 registers x 128 threads: three programs of 4 warps in 64K registers; 56: by shared memory.
     assert resident_programs(166, 49_664, 4) == 3
+    assert resident_programs(127, 49_664, 4) == 4  # the "rows" build of next_n = 2, H = 64
     assert resident_programs(64, 37_120, 4) == 6
     assert resident_programs(255, 200_000, 4) == 1
     assert resident_programs(32, 1_000, 4) == 16  # 2048 threads per SM
@@ -232,7 +240,7 @@ def test_interpreter_then_compiled_in_one_process(interpret, monkeypatch):
 
 
 SM90_BUILDS = [(v, nn, h, 64) for v in sorted(VARIANTS) for nn, h in ((1, 32), (2, 64))] + [
-    ("base", 2, 64, 16), ("base", 1, 128, 64), ("tma", 2, 128, 64)]
+    ("base", 2, 64, 16), ("base", 1, 128, 64), ("tma", 2, 128, 64), ("rows", 2, 32, 64)]
 
 
 @pytest.mark.parametrize("variant,next_n,h,bs", SM90_BUILDS)
@@ -250,8 +258,9 @@ def test_sm90_build_uses_fp8_wgmma_without_spills(variant, next_n, h, bs):
     facts = sass_facts(asm)
     assert facts.qgmma > 0 and facts.hgmma == 0, facts
     assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
-    # Three programs of 128 threads per SM; H = 128 (outside DeepGEMM's sm_90 range) may take two.
-    assert facts.registers <= (168 if h <= 64 else 192), facts
+    # Three programs of 128 threads per SM; H = 128 (outside DeepGEMM's sm_90 range) may take two;
+    # the register cap of "rows" gives four.
+    assert facts.registers <= (cfg.maxnreg or (168 if h <= 64 else 192)), facts
     key_bytes = cfg.tile * 128
     assert f"{cfg.num_stages}x{cfg.tile}x128xf8" in asm["ttgir"], "keys not pipelined num_stages deep"
     assert facts.shared_bytes >= cfg.num_stages * key_bytes

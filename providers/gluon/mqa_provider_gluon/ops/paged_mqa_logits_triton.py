@@ -82,6 +82,12 @@ class PagedConfig:
     #: aligned pool; plain loads otherwise).
     tma: bool = False
     prefetch: int = 4
+    #: With two query rows per tile (next_n = 2), one dot per row instead of one over both: the
+    #: tile is still read once, the accumulator is half as big (more programs fit on an SM).
+    row_dots: bool = False
+    #: Cap on registers per thread (NVIDIA; 0: the compiler's choice): 128 lets four 4-warp
+    #: programs share an SM.
+    maxnreg: int = 0
     programs: int = 0
 
     def __post_init__(self) -> None:
@@ -100,21 +106,28 @@ class PagedConfig:
         tma = "tma" if self.tma else ""
         fixed = f"g{self.programs}" if self.programs else ""
         return (f"t{self.tile}w{self.num_warps}s{self.num_stages}p{self.programs_per_sm}"
-                f"f{self.prefetch}{tma}{fixed}")
+                f"f{self.prefetch}{'r' if self.row_dots else ''}{tma}"
+                f"{f'n{self.maxnreg}' if self.maxnreg else ''}{fixed}")
 
 
-def default_config(arch: str, block_size: int) -> PagedConfig:
+def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> PagedConfig:
     """64-position tiles (one block of DeepGEMM's 64-token layout; smaller blocks are gathered per
-    row). On sm_90 four stages keep three key tiles in flight behind the one being multiplied (the
-    block ids come from a plain load one tile ahead, so the whole depth goes to keys)."""
+    row). On NVIDIA four stages keep three key tiles in flight behind the one being multiplied (the
+    block ids come from a plain load one tile ahead, so the whole depth goes to keys), and the
+    scales' lines are prefetched four tiles ahead. With next_n = 2 and H = 64 (a 64 x 128 fp32
+    accumulator) one dot per query row and a 128-register cap let four programs share an SM
+    instead of three."""
     if arch.startswith("gfx"):
         return PagedConfig(tile=64, num_warps=4, num_stages=2, programs_per_sm=2, prefetch=0)
+    if next_n == 2 and 32 < h <= 64:
+        return VARIANTS["rows"]
     return PagedConfig()
 
 
 #: Launch variants an H200 benchmark times side by side (``bench/h200_paged.py``).
 VARIANTS: dict[str, PagedConfig] = {
     "base": PagedConfig(),
+    "rows": PagedConfig(row_dots=True, maxnreg=128),  # the default for next_n = 2, H = 64
     "deep": PagedConfig(num_stages=6, prefetch=6),
     "tma": PagedConfig(tma=True),
     "noprefetch": PagedConfig(prefetch=0),  # balance alone: what the scale prefetch adds
@@ -127,7 +140,7 @@ def _paged_kernel(
     stride_qb, stride_qn, stride_qh, stride_wm, stride_clb, stride_clj, stride_btb, stride_om,
     NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     NG: tl.constexpr, NUM_GROUPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
-    SCHED: tl.constexpr, PREFETCH: tl.constexpr,
+    SCHED: tl.constexpr, PREFETCH: tl.constexpr, ROW_DOTS: tl.constexpr,
     LENS_2D: tl.constexpr, CLEAN: tl.constexpr, KV_FNUZ: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # A work item is one tile of one (sequence, query-row group); groups exist only when
@@ -193,11 +206,17 @@ def _paged_kernel(
         r_j = g * NG + offs_r // H_PAD
         r_h = offs_r % H_PAD
         r_ok = (r_j < NEXT_N) & (r_h < H)
-        q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + r_j[:, None] * stride_qn
-                    + r_h[:, None] * stride_qh + offs_d[None, :],
-                    mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-        q_t = tl.trans(q)
-        w = tl.load(w_ptr + (b * NEXT_N + r_j).to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
+        if ROW_DOTS:  # one [D, H_PAD] operand per query row: half the accumulator registers
+            q0_t, w0 = _row_operands(q_ptr, w_ptr, b, g * NG, stride_qb, stride_qn, stride_qh, stride_wm,
+                                     offs_d, d_ok, NEXT_N, H, H_PAD)
+            q1_t, w1 = _row_operands(q_ptr, w_ptr, b, g * NG + 1, stride_qb, stride_qn, stride_qh,
+                                     stride_wm, offs_d, d_ok, NEXT_N, H, H_PAD)
+        else:
+            q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + r_j[:, None] * stride_qn
+                        + r_h[:, None] * stride_qh + offs_d[None, :],
+                        mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+            q_t = tl.trans(q)
+            w = tl.load(w_ptr + (b * NEXT_N + r_j).to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
         out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
         table = bt_ptr + b.to(tl.int64) * stride_btb
 
@@ -238,9 +257,17 @@ def _paged_kernel(
                     k = k.to(tl.float8e4b8, bitcast=True)
             if KV_FNUZ:
                 scale = scale * 2.0
-            s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
-            s = tl.maximum(s, 0.0) * w[None, :]
-            logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
+            if ROW_DOTS:  # two rows (NG == 2): a dot each, the tile read once from shared memory
+                l0 = tl.sum(tl.maximum(tl.dot(k, q0_t), 0.0) * w0[None, :], axis=1)
+                # The second dot accumulates onto 0 * l0: it cannot start before the first row's
+                # reduction, so one accumulator is live at a time (x * 0 is not folded for floats).
+                acc = tl.zeros((TILE, H_PAD), tl.float32) + (l0 * 0.0)[:, None]
+                l1 = tl.sum(tl.maximum(tl.dot(k, q1_t, acc), 0.0) * w1[None, :], axis=1)
+                logits = tl.join(l0, l1) * scale[:, None]  # [TILE, 2]
+            else:
+                s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
+                s = tl.maximum(s, 0.0) * w[None, :]
+                logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
             if BS % TILE == 0:
                 seen = (pos[:, None] < lens[None, :]) & blk_ok
             else:
@@ -310,6 +337,17 @@ def _tiles(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N: tl.constexp
     return tl.where(v_ok, tl.cdiv(hi, TILE), 0)
 
 
+def _row_operands(q_ptr, w_ptr, b, j, stride_qb, stride_qn, stride_qh, stride_wm, offs_d, d_ok,
+                  NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr):
+    """q[b, j]^T as a [D_PAD, H_PAD] dot operand and its weights [H_PAD] (zeros past H or next_n)."""
+    offs_h = tl.arange(0, H_PAD)
+    ok = (offs_h < H) & (j < NEXT_N)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn + offs_h[:, None] * stride_qh
+                + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + (b * NEXT_N + j).to(tl.int64) * stride_wm + offs_h, mask=ok, other=0.0)
+    return tl.trans(q), w
+
+
 def _ids(table, t, offs_t, hi, BS: tl.constexpr, TILE: tl.constexpr):
     """Cache block of tile ``t``: an int64 scalar when the tile lies inside one block, else int64
     [TILE] per position. Past ``hi`` it is 0 (a masked load): never used to read anything."""
@@ -350,7 +388,7 @@ def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.const
     return scale
 
 
-_HELPERS = (_add5, _locate, _row_lens, _tiles, _ids, _scales, _prefetch_scales)
+_HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales)
 #: Runtime sizes: specialising on them would compile variants for no gain.
 _UNSPECIALIZED = ["num_seqs", "max_ctx", "covered", "num_blocks", "num_programs"]
 
@@ -444,7 +482,8 @@ class _Shape:
         return {"NEXT_N": self.next_n, "H": self.h, "H_PAD": self.h_pad, "D": self.d,
                 "D_PAD": self.d_pad, "NG": self.ng, "NUM_GROUPS": self.groups,
                 "BS": self.block_size, "TILE": self.tile, "SCHED": _SCHED,
-                "PREFETCH": prefetch, "LENS_2D": bool(lens_2d), "CLEAN": bool(clean),
+                "PREFETCH": prefetch, "ROW_DOTS": cfg.row_dots and self.ng == 2,
+                "LENS_2D": bool(lens_2d), "CLEAN": bool(clean),
                 "KV_FNUZ": bool(kv_fnuz), "USE_TMA": bool(tma)}
 
 
@@ -559,12 +598,19 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> Non
         raise ValueError("fp8_paged_mqa_logits_triton: sizes and strides must stay below 2**31")
 
 
+def _options(cfg: PagedConfig, nvidia: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.maxnreg and nvidia:
+        options["maxnreg"] = cfg.maxnreg
+    return options
+
+
 def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
              constexprs: dict[str, Any], strides: tuple[int, ...], device: torch.device) -> _Launch:
     """Compile for this signature (no launch) and size the persistent grid to one resident wave."""
     with torch.cuda.device(device):
-        compiled = kernel(interpret=False).warmup(*args, grid=(1,), num_warps=cfg.num_warps,
-                                                  num_stages=cfg.num_stages, **constexprs)
+        compiled = kernel(interpret=False).warmup(*args, grid=(1,), **_options(cfg, torch.version.hip is None),
+                                                  **constexprs)
         if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
             compiled = compiled.result()
         run = compiled.run  # loads the module: n_regs and the function handle are known after it
@@ -613,21 +659,21 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
         if q.device.type != "cuda":
             raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors "
                                "run only under the Triton interpreter (set TRITON_INTERPRET=1)")
-        cfg = config or _default_for(q.device, kv_cache.shape[1])
+        cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
         key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, cfg)
         launch = _LAUNCHES.get(key)
         if launch is not None and not triton.knobs.runtime.launch_enter_hook:
             return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
     else:
-        cfg = config or _default_for(q.device, kv_cache.shape[1])
+        cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
         key = ()
     return _launch_slow(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
                         cfg, key, interpret)
 
 
 @functools.lru_cache(maxsize=64)
-def _default_for(device: torch.device, block_size: int) -> PagedConfig:
-    return default_config(_arch_of(device), block_size)
+def _default_for(device: torch.device, block_size: int, next_n: int, h: int) -> PagedConfig:
+    return default_config(_arch_of(device), block_size, next_n, h)
 
 
 def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -653,7 +699,7 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     desc = _kv_descriptor(kv_cache, q.dtype, shape) if tma else None
     prefetch = cfg.prefetch if (not interpret and torch.version.hip is None) else 0  # PTX only
     constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch)
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    options = _options(cfg, nvidia=not interpret and torch.version.hip is None)
     strides = _strides(q, kv_cache, weights, context_lens, block_tables)
     if interpret:
         programs = cfg.programs or 3  # a few programs, so the interpreter exercises the split
@@ -684,7 +730,7 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
     from triton.compiler import ASTSource
 
     arch = f"sm_{target.arch}" if target.backend == "cuda" else str(target.arch)
-    cfg = config or default_config(arch, block_size)
+    cfg = config or default_config(arch, block_size, next_n, h)
     kv_fnuz = wants_fnuz(arch)
     fp8 = "*fp8e4b8" if kv_fnuz else "*fp8e4nv"
     fn = kernel(interpret=False)
@@ -706,8 +752,7 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
         aligned.remove("block_words")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                              target=target, options={"num_warps": cfg.num_warps,
-                                                      "num_stages": cfg.num_stages})
+                              target=target, options=_options(cfg, target.backend == "cuda"))
     asm = dict(compiled.asm)
     asm["metadata"] = compiled.metadata
     return asm
