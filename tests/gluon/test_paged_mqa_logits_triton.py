@@ -289,3 +289,50 @@ def test_compiled_mode_kernel_keeps_its_constexpr_parameters():
 
     names = {p.name for p in _jitted(False).params if p.is_constexpr}
     assert {"NEXT_N", "H", "D", "NG", "TILE", "CLEAN"} <= names
+
+
+def _gpu_inputs(seed: int, next_n: int = 2, h: int = 64):
+    inp = make_paged_inputs(6, next_n, h, 128, 3000, block_size=64, seed=seed)
+    lens = arbitrary_lens(6, next_n, 3000, seed=seed)
+    lens[2] = 2999  # long rows next to short and empty ones
+    tables = inp.block_tables.clone()
+    tables[3, 5] = -1  # an out-of-range id inside a context
+    lens[3] = 1000
+    return inp, lens, tables
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("next_n,h", [(1, 32), (2, 64)])
+def test_gpu_variants_match_the_oracle(variant, next_n, h):
+    """Every variant on the GPU: a strided pool, arbitrary 2-D lengths, an out-of-range id, both
+    clean modes, NaN-poisoned outputs; the second call takes the cached launch."""
+    inp, lens, tables = _gpu_inputs(21, next_n, h)
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, 3000)
+    pool = pad_paged_cache(inp.kv_cache.cuda(), 512)
+    args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), 3000)
+    for clean in (True, False, True):  # the third call is a cached launch
+        torch.full((12, 3072), float("nan"), device="cuda")
+        out = fp8_paged_mqa_logits_triton(*args, clean, config=VARIANTS[variant]).cpu()
+        check(out, ref, clean)
+    assert any(k[10] == VARIANTS[variant] for k in op._LAUNCHES)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_graph_replay_follows_new_lengths():
+    """Captured once, replayed after the lengths changed in place: the schedule is computed on
+    the device from the current lengths (no host value baked into the graph)."""
+    inp, lens, tables = _gpu_inputs(22)
+    q, w, t = inp.q.cuda(), inp.weights.cuda(), tables.cuda()
+    cache, dev_lens = inp.kv_cache.cuda(), lens.cuda()
+    fp8_paged_mqa_logits_triton(q, cache, w, dev_lens, t, 3000)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fp8_paged_mqa_logits_triton(q, cache, w, dev_lens, t, 3000)
+    for new in (lens, arbitrary_lens(6, 2, 3000, seed=5), torch.zeros_like(lens)):
+        dev_lens.copy_(new)
+        g.replay()
+        check(out.cpu(), fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, new, tables, 3000),
+              True)
