@@ -16,14 +16,16 @@ L2), so there is no prologue kernel, no schedule buffer and no host synchronisat
 one kernel of a fixed grid, capturable in a CUDA graph. The ``-inf`` tail of each row (``clean``) is
 shared out the same way, as a second flattened list.
 
-**Memory.** Keys are software-pipelined by the compiler (block id, then keys: cp.async or TMA). The
-per-position scales do not feed the dot, so the compiler does not pipeline them: a scale load issued
-one tile ahead had one iteration to arrive, and on the H200 that wait, not bandwidth, set the speed
-of the larger shapes (programs per SM x 8.4 KB per HBM latency: three programs of the
-next_n = 2, H = 64 build gave the measured ~2.5 TB/s). So the lines holding the scales of the tile
-``prefetch`` ahead are requested into L1 with a ``prefetch.global.L1`` (no register result, nothing
-waits on it) and the load one tile ahead finds them there. Every loop-carried value is one iteration
-old: Triton's pipeliner skips loops with a longer carried distance.
+**Memory.** Keys are software-pipelined by the compiler (cp.async or TMA) ``num_stages - 1`` tiles
+ahead, addressed by block ids from a plain load one tile ahead. The per-position scales do not feed
+the dot, so the compiler does not pipeline them, and a carried value older than one iteration stops
+its pipelining: a scale load gets one iteration to arrive. The first kernel's H200 numbers are
+consistent with that wait setting the speed of next_n = 2, H = 64 (3 programs per SM x 8.4 KB per
+~1.3 us of loaded latency ~ 2.6 TB/s predicted, 2.49 measured; more key stages did not help). So the
+lines holding the scales of the tile ``prefetch`` ahead are requested into L1 with a
+``prefetch.global.L1`` (no register result, nothing waits on it) and the load one tile ahead finds
+them there. ``row_dots`` (next_n = 2) issues one dot per query row, the second made to wait for the
+first row's reduction, so a 128-register cap fits four programs per SM instead of three.
 
 **Layout.** Cache block ``i`` starts ``kv_cache.stride(0)`` bytes after block ``i - 1`` (a strided
 page pool when that exceeds ``block_size * (D + 4)``) and holds ``block_size * D`` fp8 bytes
