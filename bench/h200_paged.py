@@ -43,8 +43,8 @@ DEVICE = "cuda"
 PEAK_GBS = 4250.0
 BATCHES, CONTEXTS, NEXT_NS, HEADS = (1, 32, 128), (1024, 8192, 32768), (1, 2), (32, 64)
 SWEEP_SHAPES = [(128, 32768, 2, 64), (32, 8192, 1, 32)]  # (batch, context, next_n, H)
-SWEEP = [PagedConfig(num_stages=4), PagedConfig(num_stages=8), PagedConfig(programs_per_sm=8),
-         PagedConfig(programs_per_sm=16), PagedConfig(tma=True), PagedConfig(tile=128, num_warps=8)]
+SWEEP = [*(cfg for name, cfg in op.VARIANTS.items() if name != "base"), PagedConfig(programs_per_sm=2),
+         PagedConfig(num_stages=3), PagedConfig(tile=128, num_warps=8)]
 #: Stop starting grid shapes after GRID_BUDGET_S and sweep configs after BUDGET_S (seconds from start),
 #: so the table and JSON always come out inside a 180 s limit.
 GRID_BUDGET_S, BUDGET_S = 100.0, 140.0

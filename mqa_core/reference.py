@@ -25,12 +25,34 @@ def fp8_mqa_logits_ref(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, 
 
 
 def split_paged_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepGEMM's block layout -> (values [blocks, block_size, D] fp8 e4m3fn bytes, scales [blocks, block_size])."""
+    """DeepGEMM's block layout -> (values [blocks, block_size, D] uint8, scales [blocks, block_size]
+    float32), both views of ``kv_cache``'s memory (no copy).
+
+    Block ``i`` starts ``kv_cache.stride(0)`` bytes after block ``i - 1``: a strided page pool when
+    that exceeds ``block_size * (D + 4)`` (the bytes in between belong to someone else). The block
+    holds ``block_size * D`` fp8 bytes, token after token, then ``block_size`` float32 scales; the
+    scales need a 4-byte aligned start, ``stride(0) % 4 == 0`` and ``block_size * D % 4 == 0``
+    (``mqa_core.validate`` rejects other layouts).
+    """
     blocks, block_size, _, d4 = kv_cache.shape
-    flat = kv_cache.reshape(blocks, block_size * d4)
-    values = flat[:, : block_size * (d4 - 4)].reshape(blocks, block_size, d4 - 4)
-    scales = flat[:, block_size * (d4 - 4):].contiguous().view(torch.float32)
-    return values, scales
+    d = d4 - 4
+    stride = kv_cache.stride(0) if blocks > 1 else block_size * d4  # a size-1 dim's stride is free
+    start = kv_cache.storage_offset()
+    values = kv_cache.as_strided((blocks, block_size, d), (stride, d, 1), start)
+    raw = kv_cache.as_strided((blocks, block_size * 4), (stride, 1), start + block_size * d)
+    return values, raw.view(torch.float32)
+
+
+def pad_paged_cache(kv_cache: torch.Tensor, gap: int, fill: int = 0x7F) -> torch.Tensor:
+    """The same blocks in a strided page pool: ``gap`` foreign bytes between blocks (set to ``fill``;
+    0x7F is an fp8 NaN and, four at a time, a float32 NaN), so a reader that assumes contiguous
+    blocks reads garbage. Returns ``[blocks, block_size, 1, D + 4]`` with
+    ``stride(0) = block_size * (D + 4) + gap``; for tests and benchmarks."""
+    blocks, block_size, _, d4 = kv_cache.shape
+    row = block_size * d4
+    pool = torch.full((blocks, row + gap), fill, dtype=torch.uint8, device=kv_cache.device)
+    pool[:, :row] = kv_cache.reshape(blocks, row)
+    return pool.as_strided((blocks, block_size, 1, d4), (row + gap, d4, d4, 1))
 
 
 def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
@@ -45,10 +67,15 @@ def fp8_paged_mqa_logits_ref(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
                              context_lens: torch.Tensor, block_tables: torch.Tensor,
                              max_context_len: int, fp8_dtype: torch.dtype = torch.float8_e4m3fn
                              ) -> torch.Tensor:
-    """[B * next_n, max_context_len] float64 over the paged cache, -inf outside each row's context."""
+    """[B * next_n, max_context_len] float64 over the paged cache, -inf outside each row's context.
+
+    Row ``b * next_n + j`` sees ``p < visible_lengths(...)[row]`` (any 2-D lengths), capped by what
+    the block table covers. A position whose block id is outside ``[0, num_blocks)`` is -inf: the
+    documented answer of every provider, which never reads such a block.
+    """
     b, next_n, h, d = q.shape
     values, scales = split_paged_cache(kv_cache)
-    block_size = values.shape[1]
+    blocks, block_size = values.shape[0], values.shape[1]
     pos = torch.arange(max_context_len, device=q.device)
     out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float64, device=q.device)
     lens = visible_lengths(context_lens, next_n)
@@ -56,13 +83,17 @@ def fp8_paged_mqa_logits_ref(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
     for bi in range(b):
         used = max(0, min(int(lens[bi * next_n: (bi + 1) * next_n].max()), covered))
         blk = block_tables[bi, pos[:used] // block_size].long()  # only blocks holding visible positions
-        k = values[blk, pos[:used] % block_size].view(fp8_dtype).double()
-        sc = scales[blk, pos[:used] % block_size].double()
+        ok = (blk >= 0) & (blk < blocks)
+        blk = torch.where(ok, blk, 0)
+        k = values[blk, pos[:used] % block_size].view(fp8_dtype).double() if blocks else \
+            torch.zeros(used, d, dtype=torch.float64, device=q.device)
+        sc = scales[blk, pos[:used] % block_size].double() if blocks else k[:, 0]
         for j in range(next_n):
             row = bi * next_n + j
             n = int(min(int(lens[row]), used))
             if n <= 0:
                 continue
             s = (q[bi, j].double() @ k[:n].T).clamp_min_(0)
-            out[row, :n] = (weights[row].double() @ s) * sc[:n]
+            res = (weights[row].double() @ s) * sc[:n]
+            out[row, :n] = torch.where(ok[:n], res, float("-inf"))
     return out

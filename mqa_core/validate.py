@@ -102,9 +102,26 @@ def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any
     _tensor(op, "kv_cache", kv_cache, ["uint8"], (None, None, 1, d + 4),
             "[num_blocks, block_size, 1, D + 4]")
     num_blocks, block_size = kv_cache.shape[:2]
-    if not kv_cache.is_contiguous():
-        raise ValueError(f"{op}: kv_cache must be contiguous (blocks are addressed as block_size * (D + 4) "
-                         f"bytes each); got strides {tuple(kv_cache.stride())}")
+    # DeepGEMM's layout in a (possibly strided) page pool: block i starts stride(0) bytes after block
+    # i - 1 and holds block_size * D fp8 bytes, then block_size float32 scales (4-byte aligned).
+    s = kv_cache.stride()
+    block_bytes = block_size * (d + 4)
+    bad = []
+    if s[3] != 1 or (block_size > 1 and s[1] != d + 4):
+        bad.append(f"stride(1) == D + 4 = {d + 4} and stride(3) == 1")
+    if num_blocks > 1 and s[0] < block_bytes:
+        bad.append(f"stride(0) >= block_size * (D + 4) = {block_bytes} (blocks may not overlap)")
+    if num_blocks > 1 and s[0] % 4:
+        bad.append("stride(0) a multiple of 4 (for each block's float32 scales)")
+    if (block_size * d) % 4:
+        bad.append(f"block_size * D = {block_size * d} a multiple of 4 (the float32 scales follow "
+                   "the fp8 values)")
+    if kv_cache.numel() and kv_cache.data_ptr() % 4:
+        bad.append("a 4-byte aligned start")
+    if bad:
+        raise ValueError(f"{op}: kv_cache does not hold DeepGEMM's paged layout: it needs "
+                         f"{'; '.join(bad)}; got shape {list(kv_cache.shape)}, strides {tuple(s)}, "
+                         f"start address % 4 = {kv_cache.data_ptr() % 4}")
     _tensor(op, "weights", weights, ["float32"], (b * next_n, h), "[B * next_n, H]")
     if hasattr(context_lens, "dim") and context_lens.dim() == 2:
         _tensor(op, "context_lens", context_lens, ["int32"], (b, next_n), "[B] or [B, next_n]")

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from mqa_core.reference import fp8_paged_mqa_logits_ref
+from mqa_core.reference import fp8_paged_mqa_logits_ref, pad_paged_cache
 from mqa_core.testing import calc_diff, make_paged_inputs
 
 triton = pytest.importorskip("triton")
 
 from mqa_provider_gluon.ops import paged_mqa_logits_triton as op  # noqa: E402
 from mqa_provider_gluon.ops.paged_mqa_logits_triton import (  # noqa: E402
+    VARIANTS,
     PagedConfig,
     compile_for,
     fp8_paged_mqa_logits_triton,
+    resident_programs,
 )
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
@@ -58,14 +62,137 @@ def test_interpreter_matches_reference(interpret, batch, next_n, h, d, ctx, bs, 
         inp.context_lens[1] = 0 if lens_2d else 1
     out = fp8_paged_mqa_logits_triton(*inp.args(), clean)
     check(out, inp.reference(), clean)
+    if next_n == 2:  # one dot per query row: the same values
+        out = fp8_paged_mqa_logits_triton(*inp.args(), clean, config=VARIANTS["rows"])
+        check(out, inp.reference(), clean)
 
 
-@pytest.mark.parametrize("programs_per_sm", [1, 3, 64])
-def test_splits_of_one_sequence_meet_exactly(interpret, programs_per_sm):
-    """Contexts split across programs: every tile written once, and ranges past the end filled."""
-    inp = make_paged_inputs(2, 2, 16, 64, 333, block_size=64, seed=programs_per_sm)
-    out = fp8_paged_mqa_logits_triton(*inp.args(), config=PagedConfig(programs_per_sm=programs_per_sm))
+@pytest.mark.parametrize("programs", [1, 2, 5, 17])  # 17: more programs than tiles
+@pytest.mark.parametrize("clean", [True, False])
+def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean):
+    """Ragged contexts (one empty, one below next_n, one past the table) split over a fixed grid:
+    every visible cell written with its value, every other cell -inf (clean), whatever the number
+    of programs, including more programs than tiles."""
+    inp = make_paged_inputs(5, 2, 16, 64, 333, block_size=64, seed=programs)
+    inp.context_lens[:] = torch.tensor([333, 0, 1, 200, 64], dtype=torch.int32)
+    out = fp8_paged_mqa_logits_triton(*inp.args(), clean, config=PagedConfig(programs=programs))
+    check(out, inp.reference(), clean)
+
+
+def arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor:
+    """[B, next_n] lengths following no rule (the last column is not the row maximum, zeros, past
+    max_context_len)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, ctx + 1, (batch, next_n), generator=g)
+    lens[0, -1] = 0
+    lens[-1, 0] = ctx + 9
+    return lens.to(torch.int32)
+
+
+@pytest.mark.parametrize("variant", ["base", "rows"])
+@pytest.mark.parametrize("bs", [64, 16])
+@pytest.mark.parametrize("clean", [True, False])
+def test_strided_pool_and_arbitrary_2d_lengths(interpret, bs, clean, variant):
+    """A page pool with garbage (fp8 and float32 NaNs) between blocks, read in place, and 2-D
+    lengths that the 1-D rule cannot express."""
+    inp = make_paged_inputs(4, 2, 32, 64, 210, block_size=bs, seed=bs)
+    pool = pad_paged_cache(inp.kv_cache, 4 * 37)
+    lens = arbitrary_lens(4, 2, 210, seed=bs)
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, inp.block_tables, 210)
+    cfg = dataclasses.replace(VARIANTS[variant], programs=3)
+    out = fp8_paged_mqa_logits_triton(inp.q, pool, inp.weights, lens, inp.block_tables, 210, clean,
+                                      config=cfg)
+    check(out, ref, clean)
+
+
+@pytest.mark.parametrize("bs", [64, 16])
+def test_block_ids_out_of_range_give_neg_inf(interpret, bs):
+    """Negative and too-large ids among the visible blocks: their positions are -inf (never read),
+    the rest exact. The pool is a slice of a bigger buffer of NaNs, so a read past it would show."""
+    inp = make_paged_inputs(3, 2, 16, 64, 192, block_size=bs, seed=bs + 1)
+    inp.context_lens[:] = 192
+    blocks = inp.kv_cache.shape[0]
+    big = torch.full((blocks + 4, bs, 1, 68), 0x7F, dtype=torch.uint8)
+    big[2:blocks + 2] = inp.kv_cache
+    pool = big[2:blocks + 2]
+    tables = inp.block_tables.clone()
+    tables[0, 1], tables[1, 2], tables[2, 0] = -1, blocks, -2
+    ref = fp8_paged_mqa_logits_ref(inp.q, pool, inp.weights, inp.context_lens, tables, 192)
+    assert torch.isneginf(ref[0:2, bs:2 * bs]).all() and torch.isneginf(ref[2:4, 2 * bs:3 * bs]).all()
+    out = fp8_paged_mqa_logits_triton(inp.q, pool, inp.weights, inp.context_lens, tables, 192)
+    check(out, ref, True)
+
+
+def test_query_row_groups_h128(interpret):
+    """H = 128 with next_n = 2: the rows of a sequence are split in two groups (two virtual
+    sequences of the schedule)."""
+    inp = make_paged_inputs(2, 2, 128, 64, 150, block_size=64, lens_2d=True, seed=12)
+    inp.context_lens[0] = torch.tensor([150, 3], dtype=torch.int32)
+    for clean in (True, False):
+        check(fp8_paged_mqa_logits_triton(*inp.args(), clean, config=PagedConfig(programs=4)),
+              inp.reference(), clean)
+
+
+def test_no_blocks_and_empty_sizes(interpret):
+    inp = make_paged_inputs(2, 1, 16, 64, 40, seed=13)
+    out = fp8_paged_mqa_logits_triton(inp.q, inp.kv_cache[:0], *inp.args()[2:])
+    assert out.shape == (2, 40) and torch.isneginf(out).all()
+    assert fp8_paged_mqa_logits_triton(*inp.args()[:5], 0).shape == (2, 0)
+    inp.context_lens[:] = 0
+    assert torch.isneginf(fp8_paged_mqa_logits_triton(*inp.args())).all()
+
+
+def test_cached_launch_passes_the_arguments_the_kernel_declares(interpret, monkeypatch):
+    """The hot path (a cached launch calling the compiled launcher directly) builds the same
+    arguments, in the kernel's parameter order, as Triton's own binding: run here through the
+    interpreter in place of the compiled launcher."""
+    inp = make_paged_inputs(3, 2, 16, 64, 150, block_size=16, lens_2d=True, seed=14)
+    pool = pad_paged_cache(inp.kv_cache, 64)
+    cfg = PagedConfig(programs=2)
+    shape = op._Shape(2, 16, 64, 16, cfg.tile)
+    constexprs = shape.constexprs(cfg, True, True, False, False, 0)
+    fn = op.kernel(interpret=True)
+    names = [p.name for p in op.kernel(interpret=False).params]
+    assert names[-len(constexprs):] == list(constexprs)
+    calls = []
+
+    def run(gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
+        assert (gy, gz, stream, function, packed) == (1, 1, 7, "fn", "meta")
+        assert len(args) == len(names)
+        calls.append(gx)
+        with op._interpreting():
+            fn[(gx,)](*args, num_warps=4)
+
+    strides = op._strides(inp.q, pool, inp.weights, inp.context_lens, inp.block_tables)
+    launch = op._Launch(run, "fn", "meta", 2, tuple(constexprs.values()), False, cfg.tile, strides)
+    monkeypatch.setattr(op, "_stream", lambda device: 7)
+    out = op._run(launch, inp.q, pool, inp.weights, inp.context_lens, inp.block_tables, 150)
+    assert calls == [2]
     check(out, inp.reference(), True)
+
+
+def test_signature_tells_apart_what_triton_specialises_on():
+    inp = make_paged_inputs(2, 1, 16, 64, 64, seed=15)
+    cfg = PagedConfig()
+    key = op._signature(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables, True, cfg)
+    same = make_paged_inputs(5, 1, 16, 64, 64, seed=16)  # another batch and contents: same launch
+    assert key == op._signature(same.q, same.kv_cache, same.weights, same.context_lens,
+                                same.block_tables, True, cfg)
+    shifted = torch.empty(inp.kv_cache.numel() + 4, dtype=torch.uint8)[4:].view(inp.kv_cache.shape)
+    assert key != op._signature(inp.q, shifted, inp.weights, inp.context_lens, inp.block_tables, True, cfg)
+    assert key != op._signature(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables,
+                                False, cfg)
+    assert key != op._signature(inp.q, pad_paged_cache(inp.kv_cache, 16), inp.weights,
+                                inp.context_lens, inp.block_tables, True, cfg)
+
+
+def test_resident_programs():
+    # 166 registers x 128 threads: three programs of 4 warps in 64K registers; 56: by shared memory.
+    assert resident_programs(166, 49_664, 4) == 3
+    assert resident_programs(127, 49_664, 4) == 4  # the "rows" build of next_n = 2, H = 64
+    assert resident_programs(64, 37_120, 4) == 6
+    assert resident_programs(255, 200_000, 4) == 1
+    assert resident_programs(32, 1_000, 4) == 16  # 2048 threads per SM
 
 
 @pytest.mark.parametrize("bs", [64, 16])  # 16: a tile spans blocks, so TMA falls back to plain loads
@@ -112,19 +239,33 @@ def test_interpreter_then_compiled_in_one_process(interpret, monkeypatch):
     assert "cubin" in asm
 
 
-@pytest.mark.parametrize("next_n,h,bs,tma", [(1, 32, 64, False), (2, 64, 64, False), (2, 64, 16, False),
-                                            (1, 128, 64, False), (2, 64, 64, True)])
-def test_sm90_build_uses_fp8_wgmma_without_spills(next_n, h, bs, tma):
-    from mqa_provider_gluon.aot import sass_facts
+SM90_BUILDS = [(v, nn, h, 64) for v in sorted(VARIANTS) for nn, h in ((1, 32), (2, 64))] + [
+    ("base", 2, 64, 16), ("base", 1, 128, 64), ("tma", 2, 128, 64), ("rows", 2, 32, 64)]
 
-    asm = compile_for(GPUTarget("cuda", 90, 32), next_n=next_n, h=h, d=128, block_size=bs,
-                      config=PagedConfig(tma=tma))
+
+@pytest.mark.parametrize("variant,next_n,h,bs", SM90_BUILDS)
+def test_sm90_build_uses_fp8_wgmma_without_spills(variant, next_n, h, bs):
+    """Every benchmarked variant: fp8 wgmma, no spills, registers for 3 programs per SM, the keys
+    pipelined num_stages - 1 tiles deep (one smem buffer per stage), the scale prefetch present."""
+    from mqa_provider_gluon.aot import sass, sass_facts
+
+    cfg = VARIANTS[variant]
+    asm = compile_for(GPUTarget("cuda", 90, 32), next_n=next_n, h=h, d=128, block_size=bs, lens_2d=True,
+                      config=cfg)
+    tma = cfg.tma and bs % cfg.tile == 0
     assert ("cp.async.bulk.tensor" in asm["ptx"]) == tma  # TMA, or cp.async pointer loads
     assert tma or "cp.async.cg.shared.global" in asm["ptx"]
     facts = sass_facts(asm)
     assert facts.qgmma > 0 and facts.hgmma == 0, facts
     assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
-    assert facts.registers <= 168, facts  # three programs of 128 threads per SM
+    # Three programs of 128 threads per SM; H = 128 (outside DeepGEMM's sm_90 range) may take two;
+    # the register cap of "rows" gives four.
+    assert facts.registers <= (cfg.maxnreg or (168 if h <= 64 else 192)), facts
+    key_bytes = cfg.tile * 128
+    assert f"{cfg.num_stages}x{cfg.tile}x128xf8" in asm["ttgir"], "keys not pipelined num_stages deep"
+    assert facts.shared_bytes >= cfg.num_stages * key_bytes
+    prefetches = sass(asm).count("CCTL.E.PF1")
+    assert (prefetches > 0) == (cfg.prefetch > 0 and bs % cfg.tile == 0), prefetches
 
 
 @pytest.mark.parametrize("arch,mfma", [("gfx950", "v_mfma_f32_32x32x64_f8f6f4"),
@@ -148,3 +289,50 @@ def test_compiled_mode_kernel_keeps_its_constexpr_parameters():
 
     names = {p.name for p in _jitted(False).params if p.is_constexpr}
     assert {"NEXT_N", "H", "D", "NG", "TILE", "CLEAN"} <= names
+
+
+def _gpu_inputs(seed: int, next_n: int = 2, h: int = 64):
+    inp = make_paged_inputs(6, next_n, h, 128, 3000, block_size=64, seed=seed)
+    lens = arbitrary_lens(6, next_n, 3000, seed=seed)
+    lens[2] = 2999  # long rows next to short and empty ones
+    tables = inp.block_tables.clone()
+    tables[3, 5] = -1  # an out-of-range id inside a context
+    lens[3] = 1000
+    return inp, lens, tables
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("next_n,h", [(1, 32), (2, 64)])
+def test_gpu_variants_match_the_oracle(variant, next_n, h):
+    """Every variant on the GPU: a strided pool, arbitrary 2-D lengths, an out-of-range id, both
+    clean modes, NaN-poisoned outputs; the second call takes the cached launch."""
+    inp, lens, tables = _gpu_inputs(21, next_n, h)
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, 3000)
+    pool = pad_paged_cache(inp.kv_cache.cuda(), 512)
+    args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), 3000)
+    for clean in (True, False, True):  # the third call is a cached launch
+        torch.full((12, 3072), float("nan"), device="cuda")
+        out = fp8_paged_mqa_logits_triton(*args, clean, config=VARIANTS[variant]).cpu()
+        check(out, ref, clean)
+    assert any(k[10] == VARIANTS[variant] for k in op._LAUNCHES)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_graph_replay_follows_new_lengths():
+    """Captured once, replayed after the lengths changed in place: the schedule is computed on
+    the device from the current lengths (no host value baked into the graph)."""
+    inp, lens, tables = _gpu_inputs(22)
+    q, w, t = inp.q.cuda(), inp.weights.cuda(), tables.cuda()
+    cache, dev_lens = inp.kv_cache.cuda(), lens.cuda()
+    fp8_paged_mqa_logits_triton(q, cache, w, dev_lens, t, 3000)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fp8_paged_mqa_logits_triton(q, cache, w, dev_lens, t, 3000)
+    for new in (lens, arbitrary_lens(6, 2, 3000, seed=5), torch.zeros_like(lens)):
+        dev_lens.copy_(new)
+        g.replay()
+        check(out.cpu(), fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, new, tables, 3000),
+              True)

@@ -93,34 +93,46 @@ class TorchRefKernels:
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor,
                              max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+        """Per sequence, keys gathered through the block table in column chunks. Strided page pools
+        are read in place (views, no copy of the pool); 2-D lengths may take any values; a position
+        whose block id is outside [0, num_blocks) is -inf and its block is never read."""
         b, next_n, h, d = q.shape
         out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float32,
                          device=q.device)
-        if out.numel() == 0:
+        if out.numel() == 0 or kv_cache.shape[0] == 0:
             return out
         values, scales = split_paged_cache(kv_cache)
         values = values.view(q.dtype)
-        block_size = values.shape[1]
+        blocks, block_size = values.shape[0], values.shape[1]
         covered = min(max_context_len, block_tables.shape[1] * block_size)
         ke = visible_lengths(context_lens, next_n).clamp(0, covered)
         zero = torch.zeros_like(ke)
         rc, cols = chunk_sizes(next_n, h, d, covered, memory_bound_bytes())
         ke_host = ke.tolist()
         for bi in range(b):
-            table = block_tables[bi].long()
+            rows = slice(bi * next_n, (bi + 1) * next_n)
+            hi = max(ke_host[rows])
+            if hi <= 0:
+                continue
+            pos = torch.arange(hi, device=q.device)
+            blk = block_tables[bi, pos // block_size].long()
+            ok = (blk >= 0) & (blk < blocks)
+            blk = torch.where(ok, blk, 0)  # never read outside the pool; masked below
+            off = pos % block_size
 
-            def keys(c0: int, c1: int, table: torch.Tensor = table) -> tuple[torch.Tensor, torch.Tensor]:
-                pos = torch.arange(c0, c1, device=q.device)
-                blk, off = table[pos // block_size], pos % block_size
-                return values[blk, off], scales[blk, off]
+            def keys(c0: int, c1: int, blk: torch.Tensor = blk, off: torch.Tensor = off
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                return values[blk[c0:c1], off[c0:c1]], scales[blk[c0:c1], off[c0:c1]]
 
             for r0 in range(0, next_n, rc):
                 r1 = min(next_n, r0 + rc)
-                rows = slice(bi * next_n + r0, bi * next_n + r1)
-                hi = max(ke_host[rows])
-                if hi > 0:
-                    _row_chunk(out[rows], q[bi, r0:r1], weights[rows], keys, zero[rows], ke[rows],
-                               0, hi, cols)
+                chunk = slice(bi * next_n + r0, bi * next_n + r1)
+                top = max(ke_host[chunk])
+                if top > 0:
+                    _row_chunk(out[chunk], q[bi, r0:r1], weights[chunk], keys, zero[chunk], ke[chunk],
+                               0, top, cols)
+            if not bool(ok.all()):
+                out[rows, :hi].masked_fill_(~ok[None, :], float("-inf"))
         return out
 
 

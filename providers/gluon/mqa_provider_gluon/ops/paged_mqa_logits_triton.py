@@ -1,26 +1,50 @@
 """fp8 paged MQA logits (the decode op) in portable Triton, over DeepGEMM's paged cache layout.
 
 Decode is memory-bound: every visible cache byte is read once and each is used by all ``next_n * H``
-query rows of its sequence. So a program owns one sequence and a contiguous range of position tiles:
-it keeps that sequence's ``next_n * H`` query rows as the loop-invariant operand of one fp8 dot per
-tile, ``k[TILE, D] x q^T[D, next_n*H]``, and streams the tiles, each found through the block table
-(a tile lies inside one cache block whenever ``block_size % TILE == 0``; otherwise each row looks its
-block up). Keys sit on the MMA's M side and the query heads on its N side, so the head reduction of
-``relu(s) * w`` stays mostly inside each thread, as in the prefill kernel. Tiles past the sequence's
-context are never loaded; with ``clean_logits`` the same program fills them with -inf.
+query rows of its sequence. A tile is ``TILE`` positions of one sequence for all its query rows: one
+fp8 dot ``k[TILE, D] x q^T[D, next_n*H]`` (keys on the MMA's M side, query heads on its N side, so the
+head reduction of ``relu(s) * w`` stays mostly inside each thread), so a tile's cache bytes are read
+once for every row of the sequence.
 
-Cache block ``b`` holds ``block_size * D`` fp8 bytes (token-major) and then ``block_size`` float32
-scales, so the kernel reads values through an fp8 view of the cache and scales through a float32
-view of the same bytes. On gfx942 (whose MFMA reads fp8 as e4m3fnuz) e4m3fn cache bytes are
-re-labelled in registers (same byte = half the value, see ``fp8.py``) and the scale doubled, because
-converting the whole cache per call would cost more than the op.
+**Balance.** Decode batches are ragged: one program per sequence (or a fixed split of each) leaves
+SMs idle behind the longest context. Here a fixed grid of persistent programs (what fits on the
+device at once) shares the batch's *visible* tiles evenly: every program reads the context lengths,
+prefix-sums the tiles per sequence and takes an equal contiguous range of the flattened
+(sequence, tile) list, typically a tail of one sequence and a head of the next. The schedule is
+computed on the device by every program (a few hundred integer ops on ``B`` lengths that stay in
+L2), so there is no prologue kernel, no schedule buffer and no host synchronisation: the launch is
+one kernel of a fixed grid, capturable in a CUDA graph. The ``-inf`` tail of each row (``clean``) is
+shared out the same way, as a second flattened list.
+
+**Memory.** Keys are software-pipelined by the compiler (cp.async or TMA) ``num_stages - 1`` tiles
+ahead, addressed by block ids from a plain load one tile ahead. The per-position scales do not feed
+the dot, so the compiler does not pipeline them, and a carried value older than one iteration stops
+its pipelining: a scale load gets one iteration to arrive. The first kernel's H200 numbers are
+consistent with that wait setting the speed of next_n = 2, H = 64 (3 programs per SM x 8.4 KB per
+~1.3 us of loaded latency ~ 2.6 TB/s predicted, 2.49 measured; more key stages did not help). So the
+lines holding the scales of the tile ``prefetch`` ahead are requested into L1 with a
+``prefetch.global.L1`` (no register result, nothing waits on it) and the load one tile ahead finds
+them there. ``row_dots`` (next_n = 2) issues one dot per query row, the second made to wait for the
+first row's reduction, so a 128-register cap fits four programs per SM instead of three.
+
+**Layout.** Cache block ``i`` starts ``kv_cache.stride(0)`` bytes after block ``i - 1`` (a strided
+page pool when that exceeds ``block_size * (D + 4)``) and holds ``block_size * D`` fp8 bytes
+(token-major), then ``block_size`` float32 scales; the kernel reads both through the one uint8 base
+pointer, cast in the kernel (no host-side views). A block id outside ``[0, num_blocks)`` is never
+dereferenced: its positions come out ``-inf`` (to top-k, not visible), at the cost of one compare per
+tile. On gfx942 (whose MFMA reads fp8 as e4m3fnuz) e4m3fn cache bytes are re-labelled in registers
+(same byte = half the value, see ``fp8.py``) and the scale doubled.
+
+**Host cost.** The first call of a signature (dtypes, shapes, 16-byte alignments, constexprs)
+compiles through ``triton.jit`` and keeps the compiled kernel and its grid; later calls allocate the
+output and call the compiled launcher directly, without Triton's argument binding.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
+import threading
 import types
 from typing import Any
 
@@ -31,24 +55,42 @@ import triton.language as tl
 from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
 from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 3.6, shared
 
-__all__ = ["PagedConfig", "compile_for", "default_config", "fp8_paged_mqa_logits_triton", "kernel"]
+__all__ = ["PagedConfig", "VARIANTS", "compile_for", "default_config", "fp8_paged_mqa_logits_triton",
+           "kernel", "resident_programs"]
 
 #: Output rows are padded to this many floats (64 bytes), the layout torch.ops.mqa declares.
 _ROW_ALIGN = 16
 #: At most this many query rows (next_n * padded H) per program: the accumulator is TILE x ROWS fp32.
 _MAX_ROWS = 128
+#: Sequences the schedule scans per step (one int32 per thread of a 4-warp program).
+_SCHED = 128
 
 
 @dataclasses.dataclass(frozen=True)
 class PagedConfig:
-    """Launch shape: ``tile`` positions per dot, ``programs_per_sm`` sets how finely the context is split."""
+    """Launch shape of the persistent kernel.
+
+    ``programs_per_sm`` caps the programs per SM (the launcher lowers it to what the compiled kernel's
+    registers and shared memory let stay resident, so the grid is one wave); ``programs`` > 0 fixes
+    the grid instead (tests). Key tiles are loaded ``num_stages - 1`` tiles ahead; ``prefetch`` is
+    how many tiles ahead the scales' cache lines are requested (NVIDIA builds only; 0: off).
+    """
 
     tile: int = 64
     num_warps: int = 4
-    num_stages: int = 6
+    num_stages: int = 4
     programs_per_sm: int = 4
-    #: Load key tiles with TMA (NVIDIA sm_90+, block_size % tile == 0, D in {64, 128}; else plain loads).
+    #: Load key tiles with TMA (NVIDIA sm_90+, block_size % tile == 0, D in {64, 128}, 16-byte
+    #: aligned pool; plain loads otherwise).
     tma: bool = False
+    prefetch: int = 4
+    #: With two query rows per tile (next_n = 2), one dot per row instead of one over both: the
+    #: tile is still read once, the accumulator is half as big (more programs fit on an SM).
+    row_dots: bool = False
+    #: Cap on registers per thread (NVIDIA; 0: the compiler's choice): 128 lets four 4-warp
+    #: programs share an SM.
+    maxnreg: int = 0
+    programs: int = 0
 
     def __post_init__(self) -> None:
         for k in ("tile", "num_warps"):
@@ -57,142 +99,320 @@ class PagedConfig:
                 raise ValueError(f"PagedConfig.{k} must be a power of two, got {v}")
         if self.tile < 16:
             raise ValueError(f"PagedConfig.tile must be >= 16 (an MMA tile), got {self.tile}")
-        if self.num_stages < 1 or self.programs_per_sm < 1:
-            raise ValueError("PagedConfig.num_stages and programs_per_sm must be >= 1")
+        if self.num_stages < 1 or self.programs_per_sm < 1 or self.programs < 0:
+            raise ValueError("PagedConfig.num_stages and programs_per_sm must be >= 1, programs >= 0")
+        if self.prefetch < 0:
+            raise ValueError(f"PagedConfig.prefetch must be >= 0, got {self.prefetch}")
 
     def __str__(self) -> str:
         tma = "tma" if self.tma else ""
-        return f"t{self.tile}w{self.num_warps}s{self.num_stages}p{self.programs_per_sm}{tma}"
+        fixed = f"g{self.programs}" if self.programs else ""
+        return (f"t{self.tile}w{self.num_warps}s{self.num_stages}p{self.programs_per_sm}"
+                f"f{self.prefetch}{'r' if self.row_dots else ''}{tma}"
+                f"{f'n{self.maxnreg}' if self.maxnreg else ''}{fixed}")
 
 
-def default_config(arch: str, block_size: int) -> PagedConfig:
+def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> PagedConfig:
     """64-position tiles (one block of DeepGEMM's 64-token layout; smaller blocks are gathered per
-    row). On sm_90 six stages give three key buffers, so two tiles stay in flight while one is
-    multiplied: the block-id load ahead of each key load costs the pipeline half its depth."""
+    row). On NVIDIA four stages keep three key tiles in flight behind the one being multiplied (the
+    block ids come from a plain load one tile ahead, so the whole depth goes to keys), and the
+    scales' lines are prefetched four tiles ahead. With next_n = 2 and H = 64 (a 64 x 128 fp32
+    accumulator) one dot per query row and a 128-register cap let four programs share an SM
+    instead of three."""
     if arch.startswith("gfx"):
-        return PagedConfig(tile=64, num_warps=4, num_stages=2)
-    return PagedConfig(tile=64, num_warps=4, num_stages=6)
+        return PagedConfig(tile=64, num_warps=4, num_stages=2, programs_per_sm=2, prefetch=0)
+    if next_n == 2 and 32 < h <= 64:
+        return VARIANTS["rows"]
+    return PagedConfig()
+
+
+#: Launch variants an H200 benchmark times side by side (``bench/h200_paged.py``).
+VARIANTS: dict[str, PagedConfig] = {
+    "base": PagedConfig(),
+    "rows": PagedConfig(row_dots=True, maxnreg=128),  # the default for next_n = 2, H = 64
+    "deep": PagedConfig(num_stages=6, prefetch=6),
+    "tma": PagedConfig(tma=True),
+    "noprefetch": PagedConfig(prefetch=0),  # balance alone: what the scale prefetch adds
+}
 
 
 def _paged_kernel(
-    q_ptr, kv_ptr, kv_desc, kvs_ptr, w_ptr, cl_ptr, bt_ptr, out_ptr,
-    max_ctx, covered, block_bytes, block_words, num_splits, tiles_per_split,
+    q_ptr, kv_ptr, kv_desc, w_ptr, cl_ptr, bt_ptr, out_ptr,
+    num_seqs, max_ctx, covered, num_blocks, num_programs, block_bytes, block_words,
     stride_qb, stride_qn, stride_qh, stride_wm, stride_clb, stride_clj, stride_btb, stride_om,
     NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
     NG: tl.constexpr, NUM_GROUPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
+    SCHED: tl.constexpr, PREFETCH: tl.constexpr, ROW_DOTS: tl.constexpr,
     LENS_2D: tl.constexpr, CLEAN: tl.constexpr, KV_FNUZ: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    # Program order: query-row group fastest (the groups of one tile run together and share its
-    # cache bytes through L2), then the splits of a sequence, then the sequence.
+    # A work item is one tile of one (sequence, query-row group); groups exist only when
+    # next_n * H exceeds one dot's N side (H = 128 with next_n >= 2).
     pid = tl.program_id(0)
-    g = pid % NUM_GROUPS
-    rest = pid // NUM_GROUPS
-    split = rest % num_splits
-    b = rest // num_splits
-
-    # Visible length of each query row of the group: lens[b] - next_n + j + 1, or lens[b, j].
-    offs_j = g * NG + tl.arange(0, NG)
-    j_ok = offs_j < NEXT_N
-    if LENS_2D:
-        lens = tl.load(cl_ptr + b * stride_clb + offs_j * stride_clj, mask=j_ok, other=0)
+    num_virtual = num_seqs * NUM_GROUPS
+    t_max = tl.cdiv(max_ctx, TILE)
+    if KV_FNUZ:
+        kv_vals = kv_ptr
     else:
-        lens = tl.load(cl_ptr + b * stride_clb) - NEXT_N + offs_j + 1
-    lens = tl.where(j_ok, tl.minimum(lens, covered), 0)
-    hi = tl.maximum(tl.max(lens, axis=0), 0)
+        kv_vals = kv_ptr.to(tl.pointer_type(q_ptr.dtype.element_ty), bitcast=True)
+    kv_scales = kv_ptr.to(tl.pointer_type(tl.float32), bitcast=True)
 
-    t_begin = split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(max_ctx, TILE))
-    c_end = tl.maximum(tl.minimum(t_end, tl.cdiv(hi, TILE)), t_begin)
+    # -- the schedule: every program derives the same one from the context lengths --------------
+    offs_s = tl.arange(0, SCHED)
+    total = 0
+    for c0 in range(0, num_virtual, SCHED):
+        v = c0 + offs_s
+        total += tl.sum(_tiles(cl_ptr, v, v < num_virtual, covered, stride_clb, stride_clj,
+                               NEXT_N, NG, NUM_GROUPS, TILE, LENS_2D), axis=0)
+    fill_total = num_virtual * t_max - total
+    pid64 = pid.to(tl.int64)
+    w_lo = ((pid64 * total) // num_programs).to(tl.int32)
+    w_hi = (((pid64 + 1) * total) // num_programs).to(tl.int32)
+    f_lo = ((pid64 * fill_total) // num_programs).to(tl.int32)
+    f_hi = (((pid64 + 1) * fill_total) // num_programs).to(tl.int32)
+    # Where this program's first and last work items (and fill items) sit: (virtual sequence, tile).
+    # Each step costs two cross-warp exchanges (a scan, one reduction of five sums) per list.
+    va, ta, vb, tb, base = 0, 0, 0, 0, 0
+    fa, fta, fb, ftb, fbase = 0, 0, 0, 0, 0
+    for c0 in range(0, num_virtual, SCHED):
+        v = c0 + offs_s
+        v_ok = v < num_virtual
+        n = _tiles(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N, NG, NUM_GROUPS, TILE,
+                   LENS_2D)
+        d0, d1, d2, d3, d4 = _locate(v, n, base, w_lo, w_hi)
+        va, ta, vb, tb, base = va + d0, ta + d1, vb + d2, tb + d3, base + d4
+        if CLEAN:
+            d0, d1, d2, d3, d4 = _locate(v, tl.where(v_ok, t_max - n, 0), fbase, f_lo, f_hi)
+            fa, fta, fb, ftb, fbase = fa + d0, fta + d1, fb + d2, ftb + d3, fbase + d4
 
-    # The dot's N side: r = query row * H_PAD + head; padded rows and heads load q = 0, weight 0.
     ROWS: tl.constexpr = NG * H_PAD
     offs_r = tl.arange(0, ROWS)
-    r_j = g * NG + offs_r // H_PAD
-    r_h = offs_r % H_PAD
-    r_ok = (r_j < NEXT_N) & (r_h < H)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
-    q = tl.load(q_ptr + b * stride_qb + r_j[:, None] * stride_qn + r_h[:, None] * stride_qh
-                + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-    q_t = tl.trans(q)
-    w = tl.load(w_ptr + (b * NEXT_N + r_j).to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
-
     offs_t = tl.arange(0, TILE)
-    out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
-    table = bt_ptr + b.to(tl.int64) * stride_btb
-    # The compiler pipelines the loads that feed the dot (block id, then keys) but not the scales,
-    # so they are fetched one tile ahead by hand, from block ids fetched two tiles ahead; the
-    # scale path's id loads are its own (carrying ids out of the loop would stop the pipelining).
-    scale_next = _scales(kvs_ptr, _block_ids(table, t_begin, offs_t, hi, BS, TILE), t_begin, offs_t,
-                         hi, block_words, BS, D, TILE)
-    sblk_next = _block_ids(table, t_begin + 1, offs_t, hi, BS, TILE)
-    for t in range(t_begin, c_end):
-        pos = t * TILE + offs_t
-        p_ok = pos < hi
-        scale = scale_next
-        scale_next = _scales(kvs_ptr, sblk_next, t + 1, offs_t, hi, block_words, BS, D, TILE)
-        sblk_next = _block_ids(table, t + 2, offs_t, hi, BS, TILE)
-        if USE_TMA:  # one block per tile: a [1, TILE, D] box of the [blocks, BS, D] values
-            blk = tl.load(table + (t * TILE) // BS)
-            k = tl.reshape(kv_desc.load([blk, (t * TILE) % BS, 0]), (TILE, D_PAD))
+    offs_g = tl.arange(0, NG)
+    k_offs = offs_t[:, None] * D + offs_d[None, :]  # a tile's bytes inside its block
+
+    # -- the work: a tail of one sequence, whole sequences, a head of another ---------------------
+    v_end = tl.where(w_hi > w_lo, vb + 1, va)
+    for v in range(va, v_end):
+        b = v // NUM_GROUPS
+        g = v % NUM_GROUPS
+        offs_j = g * NG + offs_g
+        j_ok = offs_j < NEXT_N
+        lens = _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        hi = tl.max(lens, axis=0)
+        t_lo = tl.where(v == va, ta, 0)
+        t_hi = tl.where(v == vb, tb + 1, tl.cdiv(hi, TILE))
+
+        # The dot's N side: r = query row * H_PAD + head; padded rows and heads load q = 0, weight 0.
+        r_j = g * NG + offs_r // H_PAD
+        r_h = offs_r % H_PAD
+        r_ok = (r_j < NEXT_N) & (r_h < H)
+        if ROW_DOTS:  # one [D, H_PAD] operand per query row: half the accumulator registers
+            q0_t, w0 = _row_operands(q_ptr, w_ptr, b, g * NG, stride_qb, stride_qn, stride_qh, stride_wm,
+                                     offs_d, d_ok, NEXT_N, H, H_PAD)
+            q1_t, w1 = _row_operands(q_ptr, w_ptr, b, g * NG + 1, stride_qb, stride_qn, stride_qh,
+                                     stride_wm, offs_d, d_ok, NEXT_N, H, H_PAD)
         else:
-            row = _block_ids(table, t, offs_t, hi, BS, TILE) * block_bytes + (pos % BS) * D
-            k_ptrs = kv_ptr + row[:, None] + offs_d[None, :]
-            k_mask = p_ok[:, None] & d_ok[None, :]
-            if not KV_FNUZ:
-                k = tl.load(k_ptrs, mask=k_mask, other=0.0)
-            else:  # e4m3fn bytes -> e4m3fnuz bytes of half the value (-0 -> +0, NaN -> NaN)
-                k = tl.load(k_ptrs, mask=k_mask, other=0)
-                k = tl.where(k == 0x80, tl.full((TILE, D_PAD), 0, tl.uint8), k)
-                k = tl.where((k & 0x7F) == 0x7F, tl.full((TILE, D_PAD), 0x80, tl.uint8), k)
-                k = k.to(tl.float8e4b8, bitcast=True)
-                scale = scale * 2.0
-        s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
-        s = tl.maximum(s, 0.0) * w[None, :]
-        logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
-        logits = tl.where(pos[:, None] < lens[None, :], logits, float("-inf"))
-        tl.store(out_rows + pos[:, None], logits, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+            q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + r_j[:, None] * stride_qn
+                        + r_h[:, None] * stride_qh + offs_d[None, :],
+                        mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+            q_t = tl.trans(q)
+            w = tl.load(w_ptr + (b * NEXT_N + r_j).to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
+        out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
+        table = bt_ptr + b.to(tl.int64) * stride_btb
 
-    if CLEAN:  # tiles of this split past the context: nobody computed them
-        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
-        for t in range(c_end, t_end):
+        # Every carried value is one iteration old (a longer loop-carried distance stops Triton's
+        # pipelining): the key loads are pipelined by the compiler from ids loaded one tile ahead;
+        # the scales (which do not feed the dot, so the compiler leaves them alone) are loaded one
+        # tile ahead from ids loaded two ahead, and their cache lines are requested PREFETCH ahead.
+        blk_next = _ids(table, t_lo, offs_t, hi, BS, TILE)
+        scale_next = _scales(kv_scales, blk_next, t_lo, offs_t, hi, num_blocks, block_words, BS, D, TILE)
+        sblk = _ids(table, t_lo + 1, offs_t, hi, BS, TILE)
+        pblk = _ids(table, t_lo + PREFETCH, offs_t, hi, BS, TILE)
+        for t in range(t_lo, t_hi):
             pos = t * TILE + offs_t
-            tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+            blk = blk_next
+            scale = scale_next
+            blk_next = _ids(table, t + 1, offs_t, hi, BS, TILE)
+            scale_next = _scales(kv_scales, sblk, t + 1, offs_t, hi, num_blocks, block_words, BS, D, TILE)
+            sblk = _ids(table, t + 2, offs_t, hi, BS, TILE)
+            if PREFETCH > 0:
+                _prefetch_scales(kv_scales, pblk, t + PREFETCH, num_blocks, block_words, BS, D, TILE)
+                pblk = _ids(table, t + PREFETCH + 1, offs_t, hi, BS, TILE)
+            blk_ok = (blk >= 0) & (blk < num_blocks)
+            if USE_TMA:  # one block per tile: a [1, TILE, D] box; ids out of range read zeros
+                k = tl.reshape(kv_desc.load([blk.to(tl.int32), (t * TILE) % BS, 0]), (TILE, D_PAD))
+            else:
+                if BS % TILE == 0:  # one block: a scalar base, rows past the context stay inside it
+                    k_ptrs = kv_vals + (blk * block_bytes + ((t * TILE) % BS) * D) + k_offs
+                    k_mask = blk_ok & d_ok[None, :]
+                else:  # rows in different blocks; rows past the context may have garbage ids
+                    k_ptrs = kv_vals + (blk * block_bytes + (pos % BS) * D)[:, None] + offs_d[None, :]
+                    k_mask = ((pos < hi) & blk_ok)[:, None] & d_ok[None, :]
+                if not KV_FNUZ:
+                    k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+                else:  # e4m3fn bytes -> e4m3fnuz bytes of half the value (-0 -> +0, NaN -> NaN)
+                    k = tl.load(k_ptrs, mask=k_mask, other=0)
+                    k = tl.where(k == 0x80, tl.full((TILE, D_PAD), 0, tl.uint8), k)
+                    k = tl.where((k & 0x7F) == 0x7F, tl.full((TILE, D_PAD), 0x80, tl.uint8), k)
+                    k = k.to(tl.float8e4b8, bitcast=True)
+            if KV_FNUZ:
+                scale = scale * 2.0
+            if ROW_DOTS:  # two rows (NG == 2): a dot each, the tile read once from shared memory
+                l0 = tl.sum(tl.maximum(tl.dot(k, q0_t), 0.0) * w0[None, :], axis=1)
+                # The second dot accumulates onto 0 * l0: it cannot start before the first row's
+                # reduction, so one accumulator is live at a time (x * 0 is not folded for floats).
+                acc = tl.zeros((TILE, H_PAD), tl.float32) + (l0 * 0.0)[:, None]
+                l1 = tl.sum(tl.maximum(tl.dot(k, q1_t, acc), 0.0) * w1[None, :], axis=1)
+                logits = tl.join(l0, l1) * scale[:, None]  # [TILE, 2]
+            else:
+                s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
+                s = tl.maximum(s, 0.0) * w[None, :]
+                logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
+            if BS % TILE == 0:
+                seen = (pos[:, None] < lens[None, :]) & blk_ok
+            else:
+                seen = (pos[:, None] < lens[None, :]) & blk_ok[:, None]
+            logits = tl.where(seen, logits, float("-inf"))
+            tl.store(out_rows + pos[:, None], logits, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+
+    # -- the -inf tails: tiles past each context, shared out like the work ------------------------
+    if CLEAN:
+        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
+        fv_end = tl.where(f_hi > f_lo, fb + 1, fa)
+        for v in range(fa, fv_end):
+            b = v // NUM_GROUPS
+            offs_j = (v % NUM_GROUPS) * NG + offs_g
+            j_ok = offs_j < NEXT_N
+            lens = _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+            n = tl.cdiv(tl.max(lens, axis=0), TILE)
+            i_lo = tl.where(v == fa, fta, 0)
+            i_hi = tl.where(v == fb, ftb + 1, t_max - n)
+            out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
+            for i in range(i_lo, i_hi):
+                pos = (n + i) * TILE + offs_t
+                tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
 
 
-def _block_ids(table, t, offs_t, hi, BS: tl.constexpr, TILE: tl.constexpr):
-    """int64 [TILE] cache block of each position of tile ``t`` (0 past ``hi``: never dereferenced)."""
-    pos = t * TILE + offs_t
-    if BS % TILE == 0:  # the whole tile lies in one block: one id, broadcast
+def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
+
+
+def _locate(v, n, base, lo, hi):
+    """Within one chunk of sequences ``v`` holding ``n`` items each (``base`` items before the chunk):
+    (sequence, offset) of item ``lo`` and of item ``hi - 1`` (zeros where not in this chunk), and
+    the chunk's item count."""
+    end = tl.cumsum(n, axis=0) + base
+    start = end - n
+    at_lo = (start <= lo) & (lo < end)
+    at_last = (start < hi) & (hi <= end)
+    return tl.reduce((tl.where(at_lo, v, 0), tl.where(at_lo, lo - start, 0), tl.where(at_last, v, 0),
+                      tl.where(at_last, hi - 1 - start, 0), n), 0, _add5)
+
+
+def _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N: tl.constexpr,
+              LENS_2D: tl.constexpr):
+    """int32 [NG] positions each query row of a group sees, in [0, covered]: lens[b] - next_n + j + 1,
+    or lens[b, j] with 2-D lengths (any values: the group's longest row sets its tiles)."""
+    if LENS_2D:
+        lens = tl.load(cl_ptr + b.to(tl.int64) * stride_clb + offs_j * stride_clj, mask=j_ok, other=0)
+    else:
+        lens = tl.load(cl_ptr + b.to(tl.int64) * stride_clb) - NEXT_N + offs_j + 1
+    return tl.where(j_ok, tl.minimum(tl.maximum(lens, 0), covered), 0)
+
+
+def _tiles(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N: tl.constexpr, NG: tl.constexpr,
+           NUM_GROUPS: tl.constexpr, TILE: tl.constexpr, LENS_2D: tl.constexpr):
+    """int32 [SCHED] tiles each virtual sequence ``v`` computes (0 where not ``v_ok``)."""
+    b = v // NUM_GROUPS
+    first = (v % NUM_GROUPS) * NG
+    if LENS_2D:
+        j = first[:, None] + tl.arange(0, NG)[None, :]
+        ok = v_ok[:, None] & (j < NEXT_N)
+        lens = tl.load(cl_ptr + b.to(tl.int64)[:, None] * stride_clb + j * stride_clj, mask=ok, other=0)
+        hi = tl.max(lens, axis=1)
+    else:  # the group's last row sees the most
+        last = tl.minimum(first + NG, NEXT_N)
+        hi = tl.load(cl_ptr + b.to(tl.int64) * stride_clb, mask=v_ok, other=0) - NEXT_N + last
+    hi = tl.minimum(tl.maximum(hi, 0), covered)
+    return tl.where(v_ok, tl.cdiv(hi, TILE), 0)
+
+
+def _row_operands(q_ptr, w_ptr, b, j, stride_qb, stride_qn, stride_qh, stride_wm, offs_d, d_ok,
+                  NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr):
+    """q[b, j]^T as a [D_PAD, H_PAD] dot operand and its weights [H_PAD] (zeros past H or next_n)."""
+    offs_h = tl.arange(0, H_PAD)
+    ok = (offs_h < H) & (j < NEXT_N)
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + j * stride_qn + offs_h[:, None] * stride_qh
+                + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + (b * NEXT_N + j).to(tl.int64) * stride_wm + offs_h, mask=ok, other=0.0)
+    return tl.trans(q), w
+
+
+def _ids(table, t, offs_t, hi, BS: tl.constexpr, TILE: tl.constexpr):
+    """Cache block of tile ``t``: an int64 scalar when the tile lies inside one block, else int64
+    [TILE] per position. Past ``hi`` it is 0 (a masked load): never used to read anything."""
+    if BS % TILE == 0:
         blk = tl.load(table + (t * TILE) // BS, mask=t * TILE < hi, other=0).to(tl.int64)
-        return tl.full((TILE,), 0, tl.int64) + blk
-    return tl.load(table + pos // BS, mask=pos < hi, other=0).to(tl.int64)
+    else:
+        pos = t * TILE + offs_t
+        blk = tl.load(table + pos // BS, mask=pos < hi, other=0).to(tl.int64)
+    return blk
 
 
-def _scales(kvs_ptr, blk, t, offs_t, hi, block_words, BS: tl.constexpr, D: tl.constexpr,
-            TILE: tl.constexpr):
-    """float32 [TILE] scales of tile ``t``: they follow the BS * D value bytes of each block."""
-    pos = t * TILE + offs_t
-    return tl.load(kvs_ptr + blk * block_words + (BS * D) // 4 + pos % BS, mask=pos < hi, other=0.0)
+def _prefetch_scales(kv_scales, blk, t, num_blocks, block_words, BS: tl.constexpr, D: tl.constexpr,
+                     TILE: tl.constexpr):
+    """Ask for the L1 lines holding tile ``t``'s scales: no register result, so nothing waits on
+    it (one-block tiles only; ids out of range fetch block 0's lines instead)."""
+    if BS % TILE == 0 and TILE >= 32:
+        LINES: tl.constexpr = TILE // 32  # one address per 128-byte line of scales
+        blk = tl.where((blk >= 0) & (blk < num_blocks), blk, 0)
+        lines = tl.arange(0, LINES) * 32
+        ptrs = kv_scales + (blk * block_words + (BS * D) // 4 + (t * TILE) % BS) + lines
+        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L1 [$1];", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.constexpr,
+            D: tl.constexpr, TILE: tl.constexpr):
+    """float32 [TILE] scales of tile ``t``: they follow the BS * D value bytes of each block. Ids out
+    of range are not read (the tile's logits are masked by the same test); in a one-block tile the
+    positions past the context are read from the same block (and masked later)."""
+    ok = (blk >= 0) & (blk < num_blocks)
+    if BS % TILE == 0:
+        scale = tl.load(kv_scales + (blk * block_words + (BS * D) // 4 + (t * TILE) % BS) + offs_t,
+                        mask=ok, other=0.0)
+    else:
+        pos = t * TILE + offs_t
+        scale = tl.load(kv_scales + blk * block_words + (BS * D) // 4 + pos % BS, mask=ok & (pos < hi),
+                        other=0.0)
+    return scale
+
+
+_HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales)
+#: Runtime sizes: specialising on them would compile variants for no gain.
+_UNSPECIALIZED = ["num_seqs", "max_ctx", "covered", "num_blocks", "num_programs"]
 
 
 @functools.lru_cache(maxsize=2)
 def _jitted(interpret: bool) -> Any:
     """The kernel jitted for one mode. ``triton.jit`` fixes interpreter-or-compiled when it runs,
-    so the kernel and the helpers it calls are jitted on first use per mode, not at import; the
-    kernel gets its own globals in which the helper names are the same mode's jitted helpers."""
+    so the kernel and the helpers it calls are jitted on first use per mode, not at import; they
+    share one globals dict in which the helper names are the same mode's jitted helpers."""
     with triton.knobs.runtime.scope():  # restores the knob and TRITON_INTERPRET afterwards
         triton.knobs.runtime.interpret = interpret
         scope = dict(_paged_kernel.__globals__)
-        scope.update({f.__name__: triton.jit(f) for f in (_block_ids, _scales)})
-        fn = types.FunctionType(_paged_kernel.__code__, scope, _paged_kernel.__name__,
-                                _paged_kernel.__defaults__)
-        # triton.jit reads constexpr parameters off the annotations, which FunctionType drops.
-        fn.__annotations__ = dict(_paged_kernel.__annotations__)
-        fn.__module__, fn.__qualname__ = _paged_kernel.__module__, _paged_kernel.__qualname__
-        # Sizes and split counts vary per call: specialising on them would compile variants
-        # for no gain. block_bytes and the strides keep their 16-divisibility hints.
-        return triton.jit(fn, do_not_specialize=["max_ctx", "covered", "num_splits", "tiles_per_split"])
+
+        def rebuilt(f: Any) -> Any:
+            g = types.FunctionType(f.__code__, scope, f.__name__, f.__defaults__)
+            # triton.jit reads constexpr parameters off the annotations, which FunctionType drops.
+            g.__annotations__ = dict(f.__annotations__)
+            g.__module__, g.__qualname__ = f.__module__, f.__qualname__
+            return g
+
+        scope.update({f.__name__: triton.jit(rebuilt(f)) for f in _HELPERS})
+        return triton.jit(rebuilt(_paged_kernel), do_not_specialize=_UNSPECIALIZED)
 
 
 def kernel(interpret: bool | None = None) -> Any:
@@ -208,15 +428,25 @@ def _arch_of(device: torch.device) -> str:
     return arch_of_device(device)
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return _cuda_sm_count(torch.cuda.current_device() if device.index is None else device.index)
-
-
 @functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _device_facts(index: int) -> tuple[int, int, int, int]:
+    """(SMs, registers per SM, shared bytes per SM, threads per SM) of CUDA device ``index``."""
+    p = torch.cuda.get_device_properties(index)
+    return (p.multi_processor_count, int(getattr(p, "regs_per_multiprocessor", 65536)),
+            int(getattr(p, "shared_memory_per_multiprocessor", 228 * 1024)),
+            int(getattr(p, "max_threads_per_multi_processor", 2048)))
+
+
+def resident_programs(regs: int, shared: int, num_warps: int, *, regs_per_sm: int = 65536,
+                      shared_per_sm: int = 228 * 1024, threads_per_sm: int = 2048) -> int:
+    """How many programs of ``num_warps`` warps, ``regs`` registers per thread and ``shared`` bytes
+    fit on one NVIDIA SM at once (registers are granted per warp in 256s; 1 KB of shared memory
+    per block is reserved by the driver)."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = regs_per_sm // max(per_warp * num_warps, 1)
+    by_smem = shared_per_sm // (shared + 1024)
+    by_threads = threads_per_sm // (num_warps * 32)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,30 +479,160 @@ class _Shape:
         """A tile is one TMA box: it lies inside one block, and a row fits one 128-byte swizzle."""
         return self.block_size % self.tile == 0 and self.d == self.d_pad <= 128
 
-    def constexprs(self, lens_2d: bool, clean: bool, kv_fnuz: bool, tma: bool) -> dict[str, Any]:
+    def constexprs(self, cfg: PagedConfig, lens_2d: bool, clean: bool, kv_fnuz: bool,
+                   tma: bool, prefetch: int) -> dict[str, Any]:
         return {"NEXT_N": self.next_n, "H": self.h, "H_PAD": self.h_pad, "D": self.d,
                 "D_PAD": self.d_pad, "NG": self.ng, "NUM_GROUPS": self.groups,
-                "BS": self.block_size, "TILE": self.tile,
-                "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "KV_FNUZ": bool(kv_fnuz),
-                "USE_TMA": bool(tma)}
+                "BS": self.block_size, "TILE": self.tile, "SCHED": _SCHED,
+                "PREFETCH": prefetch, "ROW_DOTS": cfg.row_dots and self.ng == 2,
+                "LENS_2D": bool(lens_2d), "CLEAN": bool(clean),
+                "KV_FNUZ": bool(kv_fnuz), "USE_TMA": bool(tma)}
 
 
-def _kv_descriptor(values: torch.Tensor, shape: _Shape, arch: str) -> Any | None:
+def _kv_descriptor(kv_cache: torch.Tensor, dtype: torch.dtype, shape: _Shape) -> Any:
     """A host TMA descriptor viewing the cache values as [blocks, block_size, D] (rows D bytes apart,
-    blocks block_bytes apart), or None where TMA does not apply."""
+    blocks ``stride(0)`` bytes apart)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    usable = arch == "cpu" or (arch.startswith("sm_") and int(arch[3:]) >= 90)
-    if not usable or not shape.tma_ok() or values.data_ptr() % 16 or values.stride(0) % 16:
-        return None
-    return TensorDescriptor(values, [values.shape[0], shape.block_size, shape.d],
-                            [values.stride(0), shape.d, 1], [1, shape.tile, shape.d])
+    stride = kv_cache.stride(0)
+    values = kv_cache.as_strided((kv_cache.shape[0], shape.block_size, shape.d), (stride, shape.d, 1))
+    return TensorDescriptor(values.view(dtype), [kv_cache.shape[0], shape.block_size, shape.d],
+                            [stride, shape.d, 1], [1, shape.tile, shape.d])
+
+
+def _tma_usable(kv_cache: torch.Tensor, shape: _Shape, arch: str) -> bool:
+    nvidia = arch == "cpu" or (arch.startswith("sm_") and int(arch[3:5]) >= 90)
+    return (nvidia and shape.tma_ok() and kv_cache.data_ptr() % 16 == 0
+            and kv_cache.stride(0) % 16 == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """What a call signature needs at launch: the compiled launcher, the grid, the constexprs."""
+
+    run: Any
+    function: Any
+    packed_metadata: Any
+    programs: int
+    constexprs: tuple[Any, ...]
+    tma: bool
+    tile: int
+    strides: tuple[int, ...]
+
+
+#: Launch state per call signature (see _signature). Bounded: a caller whose strides change on
+#: every call would otherwise grow it; the compiled kernels stay in Triton's own cache.
+_LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
+_LAUNCHES_MAX = 256
+_LAUNCH_LOCK = threading.Lock()
+
+
+def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
+               tables: torch.Tensor, clean: bool, cfg: PagedConfig) -> tuple[Any, ...]:
+    """Everything the compiled kernel and the grid depend on: dtypes, the constexpr sizes, the exact
+    strides and the 16-byte alignment of every pointer (what Triton specialises on)."""
+    return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(),
+            weights.stride(), lens.stride(), tables.stride(), clean, cfg, q.data_ptr() % 16 == 0,
+            kv_cache.data_ptr() % 16, weights.data_ptr() % 16 == 0, lens.data_ptr() % 16 == 0,
+            tables.data_ptr() % 16 == 0)
 
 
 def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
     """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
-    row = triton.cdiv(max(n, 1), _ROW_ALIGN) * _ROW_ALIGN
-    return torch.empty((m, row), dtype=torch.float32, device=device)[:, :n]
+    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
+    return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
+
+
+def _strides(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
+             tables: torch.Tensor) -> tuple[int, ...]:
+    """block_bytes ... stride_btb: fixed for a call signature (which includes every stride)."""
+    stride0 = kv_cache.stride(0)
+    stride_clb, stride_clj = (lens.stride(0), 0) if lens.dim() == 1 else lens.stride()
+    return (stride0, stride0 // 4, *q.stride()[:3], weights.stride(0), stride_clb, stride_clj,
+            tables.stride(0))
+
+
+def _runtime_args(q: torch.Tensor, kv_cache: torch.Tensor, desc: Any, weights: torch.Tensor,
+                  lens: torch.Tensor, tables: torch.Tensor, out: torch.Tensor, max_context_len: int,
+                  programs: int, strides: tuple[int, ...]) -> tuple[Any, ...]:
+    """The kernel's non-constexpr arguments in parameter order (shared by both launch paths)."""
+    return (q, kv_cache, desc, weights, lens, tables, out,
+            q.shape[0], max_context_len, min(max_context_len, tables.shape[1] * kv_cache.shape[1]),
+            kv_cache.shape[0], programs, *strides, out.stride(0))
+
+
+def _stream(device: torch.device) -> int:
+    return torch._C._cuda_getCurrentRawStream(device.index)
+
+
+def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+         lens: torch.Tensor, tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
+    """The hot path: allocate the output, call the compiled launcher (no argument binding)."""
+    out = _new_output(q.shape[0] * q.shape[1], max_context_len, q.device)
+    if out.numel() == 0:
+        return out
+    if kv_cache.shape[0] == 0:  # no block to read: every position is an out-of-range id
+        return out.fill_(float("-inf"))
+    desc = _kv_descriptor(kv_cache, q.dtype, _Shape(*q.shape[1:], kv_cache.shape[1], launch.tile)) \
+        if launch.tma else None
+    launch.run(launch.programs, 1, 1, _stream(q.device), launch.function, launch.packed_metadata,
+               None, None, None,
+               *_runtime_args(q, kv_cache, desc, weights, lens, tables, out, max_context_len,
+                              launch.programs, launch.strides),
+               *launch.constexprs)
+    return out
+
+
+def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> None:
+    d = q.shape[3]
+    if d % 16 or kv_cache.shape[-1] != d + 4:
+        raise ValueError(f"fp8_paged_mqa_logits_triton needs D % 16 == 0 and kv_cache [..., D + 4]; "
+                         f"got q {list(q.shape)}, kv_cache {list(kv_cache.shape)}")
+    s = kv_cache.stride()
+    block_bytes = kv_cache.shape[1] * (d + 4)
+    if (kv_cache.shape[0] > 1 and s[0] < block_bytes) or s[0] % 4 or s[1] != d + 4 or s[3] != 1 \
+            or kv_cache.data_ptr() % 4:
+        raise ValueError(f"fp8_paged_mqa_logits_triton: kv_cache strides {tuple(s)} do not hold "
+                         f"DeepGEMM's layout: need stride(0) >= block_size * (D + 4) = {block_bytes} "
+                         f"and a multiple of 4, stride(1) == D + 4 = {d + 4}, stride(3) == 1, and a "
+                         "4-byte aligned start")
+    if max(max_context_len, kv_cache.shape[0], s[0]) >= 2**31:
+        raise ValueError("fp8_paged_mqa_logits_triton: sizes and strides must stay below 2**31")
+
+
+def _options(cfg: PagedConfig, nvidia: bool) -> dict[str, Any]:
+    options: dict[str, Any] = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.maxnreg and nvidia:
+        options["maxnreg"] = cfg.maxnreg
+    return options
+
+
+def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
+             constexprs: dict[str, Any], strides: tuple[int, ...], device: torch.device) -> _Launch:
+    """Compile for this signature (no launch) and size the persistent grid to one resident wave."""
+    with torch.cuda.device(device):
+        compiled = kernel(interpret=False).warmup(*args, grid=(1,), **_options(cfg, torch.version.hip is None),
+                                                  **constexprs)
+        if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
+            compiled = compiled.result()
+        run = compiled.run  # loads the module: n_regs and the function handle are known after it
+        sms, regs_per_sm, smem_per_sm, threads_per_sm = _device_facts(device.index)
+    if cfg.programs:
+        programs = cfg.programs
+    elif torch.version.hip is not None:  # AMD: no register model here; the configured count per CU
+        programs = cfg.programs_per_sm * sms
+    else:
+        fit = resident_programs(compiled.n_regs, compiled.metadata.shared, cfg.num_warps,
+                                regs_per_sm=regs_per_sm, shared_per_sm=smem_per_sm,
+                                threads_per_sm=threads_per_sm)
+        programs = min(cfg.programs_per_sm, fit) * sms
+    launch = _Launch(run, compiled.function, compiled.packed_metadata, programs,
+                     tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile, strides)
+    with _LAUNCH_LOCK:
+        if len(_LAUNCHES) >= _LAUNCHES_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = launch
+    return launch
 
 
 def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -282,62 +642,84 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
     """``[B * next_n, max_context_len]`` float32 logits over the paged cache.
 
     Row ``b * next_n + j`` sees positions ``p < context_lens[b] - next_n + j + 1`` (or
-    ``p < context_lens[b, j]`` for 2-D lens), capped by what ``block_tables`` covers; there
-    ``out = scale[p] * sum_h weights[row, h] * relu(q[b, j, h] . k[p])``, elsewhere -inf when
-    ``clean_logits`` (tiles no row of the program sees are left unwritten otherwise). Inputs follow
-    the op's contract (``mqa_core.validate``); the result is a view of rows padded to 16 floats.
+    ``p < context_lens[b, j]`` for 2-D lens, any values), capped by what ``block_tables`` covers;
+    there ``out = scale[p] * sum_h weights[row, h] * relu(q[b, j, h] . k[p])``, elsewhere -inf when
+    ``clean_logits`` (cells past a sequence's last computed tile are left unwritten otherwise).
+    Positions whose block id is outside ``[0, num_blocks)`` are -inf and never read. ``kv_cache``
+    may be a strided page pool (``stride(0) >= block_size * (D + 4)``). Inputs otherwise follow the
+    op's contract (``mqa_core.validate``); the result is a view of rows padded to 16 floats.
     No host synchronisation: safe to capture in a CUDA graph.
     """
-    interpret = bool(triton.knobs.runtime.interpret)
-    if q.device.type != "cuda" and not interpret:
-        raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors run "
-                           "only under the Triton interpreter (set TRITON_INTERPRET=1)")
-    b, next_n, h, d = q.shape
-    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
-    if d % 16 or kv_cache.shape[-1] != d + 4:
-        raise ValueError(f"fp8_paged_mqa_logits_triton needs D % 16 == 0 and kv_cache [..., D + 4]; "
-                         f"got q {list(q.shape)}, kv_cache {list(kv_cache.shape)}")
-    if not kv_cache.is_contiguous():
-        raise ValueError("fp8_paged_mqa_logits_triton: kv_cache must be contiguous (blocks are "
-                         "addressed as num_blocks x block_size*(D+4) bytes)")
-    arch = _arch_of(q.device)
-    kv_fnuz = q.dtype == torch.float8_e4m3fn and wants_fnuz(arch)
-    if kv_fnuz:  # q is small: convert it; the cache bytes are re-labelled inside the kernel
-        q, weights = e4m3fn_to_e4m3fnuz(q, weights)
-    if q.stride(3) != 1:
+    if q.stride(3) != 1:  # the kernel reads D contiguously; q, weights and tables are small
         q = q.contiguous()
     if weights.stride(1) != 1:
         weights = weights.contiguous()
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
-    lens_2d = context_lens.dim() == 2
-    lens = context_lens if lens_2d else context_lens[:, None]
+    interpret = bool(triton.knobs.runtime.interpret)
+    if not interpret:
+        if q.device.type != "cuda":
+            raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors "
+                               "run only under the Triton interpreter (set TRITON_INTERPRET=1)")
+        cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
+        key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, cfg)
+        launch = _LAUNCHES.get(key)
+        if launch is not None and not triton.knobs.runtime.launch_enter_hook:
+            return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
+    else:
+        cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
+        key = ()
+    return _launch_slow(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
+                        cfg, key, interpret)
 
+
+@functools.lru_cache(maxsize=64)
+def _default_for(device: torch.device, block_size: int, next_n: int, h: int) -> PagedConfig:
+    return default_config(_arch_of(device), block_size, next_n, h)
+
+
+def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                 context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
+                 clean_logits: bool, cfg: PagedConfig, key: tuple[Any, ...],
+                 interpret: bool) -> torch.Tensor:
+    """The first call of a signature (checks, compile, grid), the interpreter, gfx942's fnuz path,
+    and launches with Triton's launch hooks set."""
+    _check(q, kv_cache, max_context_len)
+    b, next_n, h, d = q.shape
+    block_size = kv_cache.shape[1]
+    arch = _arch_of(q.device)
+    kv_fnuz = q.dtype == torch.float8_e4m3fn and wants_fnuz(arch)
+    if kv_fnuz:  # q is small: convert it; the cache bytes are re-labelled inside the kernel
+        q, weights = e4m3fn_to_e4m3fnuz(q, weights)
     out = _new_output(b * next_n, max_context_len, q.device)
     if out.numel() == 0:
         return out
-
-    cfg = config or default_config(arch, block_size)
+    if kv_cache.shape[0] == 0:  # no block to read: every position is an out-of-range id
+        return out.fill_(float("-inf"))
     shape = _Shape(next_n, h, d, block_size, cfg.tile)
-    tiles = triton.cdiv(max_context_len, cfg.tile)
-    wanted = cfg.programs_per_sm * _sm_count(q.device)  # the interpreter counts as one SM
-    splits = max(1, min(tiles, triton.cdiv(wanted, b * shape.groups)))
-    tiles_per_split = triton.cdiv(tiles, splits)
-    splits = triton.cdiv(tiles, tiles_per_split)
-    block_bytes = block_size * (d + 4)
-    covered = min(max_context_len, block_tables.shape[1] * block_size)
-    flat = kv_cache.view(num_blocks, block_bytes)
-    values = flat if kv_fnuz else flat.view(q.dtype)
-    desc = _kv_descriptor(values, shape, arch) if cfg.tma and not kv_fnuz else None
-    with _interpreting() if interpret else contextlib.nullcontext():
-        kernel(interpret)[(b * splits * shape.groups,)](
-            q, values, desc, flat.view(torch.float32), weights, lens, block_tables, out,
-            max_context_len, covered, block_bytes, block_bytes // 4, splits, tiles_per_split,
-            q.stride(0), q.stride(1), q.stride(2), weights.stride(0), lens.stride(0), lens.stride(1),
-            block_tables.stride(0), out.stride(0),
-            **shape.constexprs(lens_2d, clean_logits, kv_fnuz, desc is not None),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+    tma = cfg.tma and not kv_fnuz and _tma_usable(kv_cache, shape, arch)
+    desc = _kv_descriptor(kv_cache, q.dtype, shape) if tma else None
+    prefetch = cfg.prefetch if (not interpret and torch.version.hip is None) else 0  # PTX only
+    constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch)
+    options = _options(cfg, nvidia=not interpret and torch.version.hip is None)
+    strides = _strides(q, kv_cache, weights, context_lens, block_tables)
+    if interpret:
+        programs = cfg.programs or 3  # a few programs, so the interpreter exercises the split
+        args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out,
+                             max_context_len, programs, strides)
+        with _interpreting():
+            kernel(True)[(programs,)](*args, **constexprs, **options)
+        return out
+    if not kv_fnuz and not triton.knobs.runtime.launch_enter_hook:
+        args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out,
+                             max_context_len, 0, strides)
+        programs = _prepare(key, args, cfg, constexprs, strides, q.device).programs
+    else:  # q converted per call, or hooks that want Triton's own launch path: no cached launch
+        programs = cfg.programs or cfg.programs_per_sm * _device_facts(q.device.index or 0)[0]
+    args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out, max_context_len,
+                         programs, strides)
+    with torch.cuda.device(q.device):
+        kernel(False)[(programs,)](*args, **constexprs, **options)
     return out
 
 
@@ -350,27 +732,29 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
     from triton.compiler import ASTSource
 
     arch = f"sm_{target.arch}" if target.backend == "cuda" else str(target.arch)
-    cfg = config or default_config(arch, block_size)
+    cfg = config or default_config(arch, block_size, next_n, h)
     kv_fnuz = wants_fnuz(arch)
     fp8 = "*fp8e4b8" if kv_fnuz else "*fp8e4nv"
     fn = kernel(interpret=False)
     shape = _Shape(next_n, h, d, block_size, cfg.tile)
     tma = cfg.tma and target.backend == "cuda" and shape.tma_ok()
-    constexprs = {**shape.constexprs(lens_2d, clean_logits, kv_fnuz, tma), "stride_clj": 1}
+    prefetch = cfg.prefetch if target.backend == "cuda" else 0
+    constexprs = {**shape.constexprs(cfg, lens_2d, clean_logits, kv_fnuz, tma, prefetch), "stride_clj": 1}
+    if not lens_2d:
+        constexprs["stride_clj"] = 0
     if not tma:
         constexprs["kv_desc"] = None
-    ptr_types = {"q_ptr": fp8, "kv_ptr": "*u8" if kv_fnuz else fp8, "kvs_ptr": "*fp32", "w_ptr": "*fp32",
-                 "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32",
-                 "kv_desc": f"tensordesc<{fp8[1:]}[1,{cfg.tile},{shape.d_pad}]>"}
+    ptr_types = {"q_ptr": fp8, "kv_ptr": "*u8", "w_ptr": "*fp32", "cl_ptr": "*i32", "bt_ptr": "*i32",
+                 "out_ptr": "*fp32", "kv_desc": f"tensordesc<{fp8[1:]}[1,{cfg.tile},{shape.d_pad}]>"}
     signature = {a: ("constexpr" if a in constexprs else ptr_types.get(a, "i32")) for a in fn.arg_names}
-    aligned = [a for a in fn.arg_names if a.endswith("_ptr") and a != "cl_ptr"] + [
-        "block_bytes", "block_words", "stride_qb", "stride_qn", "stride_qh", "stride_wm", "stride_om"]
+    aligned = [a for a in fn.arg_names if a.endswith("_ptr")] + [
+        "block_bytes", "block_words", "stride_qb", "stride_qn", "stride_qh", "stride_wm", "stride_om",
+        "stride_btb"]
     if (block_size * (d + 4)) % 64:  # block_words is divisible by 16 only then
         aligned.remove("block_words")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                              target=target, options={"num_warps": cfg.num_warps,
-                                                      "num_stages": cfg.num_stages})
+                              target=target, options=_options(cfg, target.backend == "cuda"))
     asm = dict(compiled.asm)
     asm["metadata"] = compiled.metadata
     return asm

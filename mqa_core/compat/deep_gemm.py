@@ -1,0 +1,124 @@
+"""DeepGEMM's indexer API (at commit 54e2261) dispatched through mqa-core: an engine changes one
+import, ``import deep_gemm`` -> ``from mqa_core.compat import deep_gemm``, and gets the best
+installed provider for its device instead of DeepGEMM's kernels.
+
+The three functions keep DeepGEMM's names, positional order and defaults. They call the public
+``mqa_core.fp8_mqa_logits`` / ``mqa_core.fp8_paged_mqa_logits`` (validation, provider choice,
+``MQA_PROVIDER`` and friends all apply), never a specific provider. What still differs from
+DeepGEMM is listed in ``docs/compat-deep-gemm.md``; the main points:
+
+- ``schedule_meta`` is checked for shape and dtype and otherwise not read: mqa-core's kernels
+  balance ragged batches on the device in every call. ``get_paged_mqa_logits_metadata`` returns a
+  tensor of DeepGEMM's shape holding mqa-core's split of the batch over ``num_sms`` programs.
+- 1-D and 2-D ``context_lens`` with any values are accepted, and ``clean_logits=True`` works for
+  the paged op (DeepGEMM requires 2-D lengths and then refuses ``clean_logits``).
+- Row strides of the results are those of mqa-core (rows padded to 16 floats), not DeepGEMM's
+  256-float alignment; shapes and values are the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import mqa_core
+
+__all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata"]
+
+#: Bound on the full-width logits the compressed prefill layout computes per row chunk.
+COMPRESSED_CHUNK_BYTES = 256 * 2**20
+
+
+def fp8_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                   cu_seq_len_k_start: torch.Tensor, cu_seq_len_k_end: torch.Tensor,
+                   clean_logits: bool = True, max_seqlen_k: int = 0) -> torch.Tensor:
+    """``[M, N]`` float32 logits (``max_seqlen_k == 0``), or DeepGEMM's compressed ``[M, max_seqlen_k]``
+    layout: ``out[i, j] = logit(i, ks[i] + j)`` for ``ks[i] + j`` inside row i's window.
+
+    Compressed cells past the window are unspecified in DeepGEMM (left unwritten); here they are
+    -inf. As in DeepGEMM, ``max_seqlen_k > 0`` requires ``clean_logits=False``, and it should be at
+    least the longest window (longer windows are cut). The compressed layout is computed as full-width
+    rows (in chunks of at most ``COMPRESSED_CHUNK_BYTES``) and gathered: no host synchronisation.
+    """
+    if not isinstance(max_seqlen_k, int) or isinstance(max_seqlen_k, bool) or max_seqlen_k < 0:
+        raise TypeError(f"fp8_mqa_logits: max_seqlen_k must be a non-negative int; got {max_seqlen_k!r}")
+    if max_seqlen_k == 0:
+        return mqa_core.fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end,
+                                       clean_logits=clean_logits)
+    if clean_logits:
+        raise ValueError("fp8_mqa_logits: max_seqlen_k > 0 (the compressed layout) needs "
+                         "clean_logits=False, as in DeepGEMM")
+    return _compressed(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k)
+
+
+def _compressed(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                ks: torch.Tensor, ke: torch.Tensor, width: int) -> torch.Tensor:
+    m, n = q.shape[0], kv[0].shape[0]
+    out = torch.empty((m, width), dtype=torch.float32, device=q.device)
+    if m == 0:
+        return out
+    rows = max(1, COMPRESSED_CHUNK_BYTES // max(4 * n, 1))
+    j = torch.arange(width, device=q.device)[None, :]
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        s, e = ks[r0:r1].long()[:, None], ke[r0:r1].long()[:, None]
+        full = mqa_core.fp8_mqa_logits(q[r0:r1], kv, weights[r0:r1], ks[r0:r1], ke[r0:r1],
+                                       clean_logits=False)
+        pos = s + j
+        inside = (pos >= 0) & (pos < e) & (pos < n)
+        if n:
+            got = torch.gather(full, 1, pos.clamp(0, n - 1))
+            out[r0:r1] = got.masked_fill_(~inside, float("-inf"))
+        else:
+            out[r0:r1] = float("-inf")
+    return out
+
+
+def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
+    """``[num_sms + 1, 2]`` int32 on ``context_lens``' device, DeepGEMM's shape: row ``i`` is where
+    program ``i`` of an even split of the batch's ``block_kv``-token tiles starts (sequence, tile),
+    the last row ``(B, 0)``. mqa-core's kernels compute this split themselves in every call, so
+    ``fp8_paged_mqa_logits`` does not read it; it is here so engines keep their call sequence (and
+    to show the split). Device ops only: capturable in a CUDA graph."""
+    if not isinstance(context_lens, torch.Tensor) or context_lens.dtype != torch.int32 \
+            or context_lens.dim() not in (1, 2):
+        raise TypeError("get_paged_mqa_logits_metadata: context_lens must be int32 [B] or [B, next_n]; "
+                        f"got {_desc(context_lens)}")
+    for name, value in (("block_kv", block_kv), ("num_sms", num_sms)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise TypeError(f"get_paged_mqa_logits_metadata: {name} must be a positive int; got {value!r}")
+    longest = context_lens if context_lens.dim() == 1 else context_lens.max(dim=1).values
+    tiles = (longest.long().clamp(min=0) + block_kv - 1) // block_kv
+    ends = torch.cumsum(tiles, 0)
+    total = ends[-1:] if ends.numel() else torch.zeros(1, dtype=torch.long, device=tiles.device)
+    starts = torch.arange(num_sms + 1, device=tiles.device) * total // num_sms
+    seq = torch.searchsorted(ends, starts, right=True)
+    before = torch.cat([torch.zeros(1, dtype=torch.long, device=tiles.device), ends])[seq]
+    tile = torch.where(seq < tiles.numel(), starts - before, 0)
+    return torch.stack([seq, tile], dim=1).to(torch.int32)
+
+
+def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                         context_lens: torch.Tensor, block_table: torch.Tensor,
+                         schedule_meta: torch.Tensor, max_context_len: int,
+                         clean_logits: bool = False) -> torch.Tensor:
+    """``[B * next_n, max_context_len]`` float32 logits over DeepGEMM's paged cache, in DeepGEMM's
+    argument order (``schedule_meta`` sixth, ``clean_logits`` last and False by default).
+
+    Row ``b * next_n + j`` sees positions ``p < context_lens[b, j]`` (2-D, any values) or
+    ``p < context_lens[b] - next_n + j + 1`` (1-D). ``kv_cache`` may be a strided page pool.
+    Cells outside a row's context are -inf with ``clean_logits``, unspecified without.
+    """
+    if not isinstance(schedule_meta, torch.Tensor) or schedule_meta.dtype != torch.int32 \
+            or schedule_meta.dim() != 2 or schedule_meta.shape[1] != 2:
+        raise TypeError("fp8_paged_mqa_logits: schedule_meta must be int32 [num_sms + 1, 2] (from "
+                        f"get_paged_mqa_logits_metadata); got {_desc(schedule_meta)}")
+    return mqa_core.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table,
+                                         max_context_len, clean_logits=clean_logits)
+
+
+def _desc(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device}"
+    return type(t).__name__
