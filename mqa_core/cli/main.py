@@ -22,6 +22,9 @@ def parser() -> argparse.ArgumentParser:
         description="Pick, explain, check and benchmark fp8 MQA-logits kernels (providers).",
         epilog=f"environment:\n{env}\n\nexamples:\n  mqa providers\n  mqa explain --arch gfx950 "
                "--shape 4096,16384,64,128\n  MQA_PROVIDER=torch_ref mqa explain --arch sm_90")
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"mqa-core {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)
