@@ -19,7 +19,7 @@ from pathlib import Path
 
 SCRIPTS = {
     "pip": "from pip._internal.cli.main import main",
-    "pytest": "from pytest import console_main as main",
+    "pytest": "from pytest import main",
     "mqa": "from mqa_core.cli.main import main",
 }
 

@@ -45,6 +45,8 @@ def install_wrong_providers(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrong-providers\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text("[mqa_core.providers]\nwrong = wrong_providers\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
+    if "MQA_PLUGINS" in os.environ:  # the suite's allow-list (conftest.py) must let them load
+        monkeypatch.setenv("MQA_PLUGINS", f"{os.environ['MQA_PLUGINS']},wrong")
     return site
 
 

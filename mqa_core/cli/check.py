@@ -88,16 +88,15 @@ class _Outcomes:
 
 
 def _message(report: Any) -> str:
-    """The one line that says what went wrong: the assertion's or pytest.fail's message."""
+    """The one line that says what went wrong: the assertion's, pytest.fail's or the exception's."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
         return str(longrepr[2]).removeprefix("Skipped: ")
-    text = report.longreprtext or ""
-    for marker in ("AssertionError: ", "Failed: "):
-        if marker in text:
-            return text.rsplit(marker, 1)[1].strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else "failed"
+    crash = getattr(longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(longrepr or "failed")
+    for prefix in ("AssertionError: ", "Failed: "):
+        text = text.removeprefix(prefix)
+    return text.split("\nassert ")[0].strip() or "failed"
 
 
 def _plugin_name() -> str:
@@ -129,9 +128,11 @@ def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbo
     with tempfile.TemporaryDirectory(prefix="mqa-check-") as tmp:
         ini = Path(tmp, "pytest.ini")
         ini.write_text("[pytest]\n")
+        # Quiet: progress dots, then the summary below says what failed (pytest's own failure report,
+        # one block per case, is for -v).
         argv = [_suite(), "-c", str(ini), "--rootdir", tmp, "--noconftest", "-p", "no:cacheprovider",
-                "--mqa-device", device, "--mqa-seed", str(seed), "--tb=line",
-                "-v" if verbose else "-q", "--no-header"]
+                "--mqa-device", device, "--mqa-seed", str(seed), "--no-header",
+                *(["-v", "--tb=short", "-rfE"] if verbose else ["-q", "--tb=no", "-rN"])]
         argv += [a for n in names for a in ("--mqa-provider", n)]
         if keyword:
             argv += ["-k", keyword]
