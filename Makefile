@@ -39,9 +39,11 @@ test: install
 	$(MAKE) --no-print-directory test-triton-latest
 	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
 
-# torch first (only if missing), then the packages without dependencies, then their other needs.
-install: torch
+# numpy before torch (torch warns on import without it), torch only if missing, then the packages
+# without dependencies.
+install:
 	$(PIP) $(DEPS)
+	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
 	$(PIP) --no-deps -e . $(addprefix -e ,$(PROVIDERS))
 
 torch:
