@@ -323,3 +323,15 @@ def test_windows_cover_the_corners(kind: str) -> None:
         assert ((ke - ks) >= 1).all() and ((ke - ks) <= 3).all() and int(ks.min()) == 0 and int(ke.max()) == 83
     if kind == "empty":
         assert (ks >= ke).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e4m3fnuz])
+def test_fp8_table_is_the_exact_conversion(dtype: torch.dtype) -> None:
+    """GPUs convert fp8 for the oracle through a 256-entry table; it must equal the CPU's conversion."""
+    from mqa_core.testing.data import _fp8_table
+
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype)
+    table = _fp8_table(dtype, torch.device("cpu"))
+    native = every.double()
+    assert torch.equal(table.isnan(), native.isnan())
+    assert torch.equal(table[~table.isnan()], native[~native.isnan()])
