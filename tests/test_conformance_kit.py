@@ -50,6 +50,13 @@ def install_wrong_providers(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     return site
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit's tensors are small: on a shared machine torch's thread pool costs more than it gives
+    (about 5x here), in the kit runs these tests start."""
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+
+
 def run_kit(pytester: pytest.Pytester, names: list[str], *args: str) -> tuple[pytest.RunResult, dict]:
     """Run the kit in a subprocess; returns the result and {provider: {test: [(case id, outcome, message)]}}."""
     report = pytester.path / "kit.xml"

@@ -36,6 +36,8 @@ def add_parser(sub: Any) -> None:
                    help="base seed (default: fresh, printed); failures name it as --mqa-seed, also accepted here")
     p.add_argument("--dtype", default=None, metavar="Q[,K]",
                    help="only this (q, k) dtype pair, e.g. e4m3fn or e4m3fn,e4m3fnuz (default: every declared pair)")
+    p.add_argument("--accumulation", choices=("fp32", "fp8-mma"), default=None,
+                   help="error model of the per-cell bound (default: fp32 on the CPU, fp8-mma on GPUs)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only the cases matching this pytest -k expression")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's output for every case")
     add_json(p)
@@ -117,7 +119,7 @@ def _suite() -> str:
 
 
 def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbose: bool,
-            quiet: bool, dtype: str | None = None) -> tuple[int, _Outcomes]:
+            quiet: bool, dtype: str | None = None, accumulation: str | None = None) -> tuple[int, _Outcomes]:
     """Run the kit in this process with a configuration of its own; returns pytest's exit code."""
     try:
         import pytest
@@ -138,6 +140,8 @@ def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbo
             argv += ["-k", keyword]
         if dtype:
             argv += ["--mqa-dtype", dtype]
+        if accumulation:
+            argv += ["--mqa-accumulation", accumulation]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
             argv += ["-p", _plugin_name()]
         sink = io.StringIO() if quiet else sys.stdout
@@ -215,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
         raise ProviderUnavailableError("\n".join(refused))
     seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     t0 = time.perf_counter()
-    code, outcomes = run_kit(names, str(device), seed, args.keyword, args.verbose, quiet=args.json, dtype=args.dtype)
+    code, outcomes = run_kit(names, str(device), seed, args.keyword, args.verbose, quiet=args.json, dtype=args.dtype,
+                             accumulation=args.accumulation)
     providers = outcomes.summary(names)
     passed = code == 0 and all(r["failed"] == 0 and r["passed"] > 0 for r in providers.values())
     data = {"device": str(device), "arch": arch, "seed": seed, "keyword": args.keyword, "dtype": args.dtype,
