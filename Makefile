@@ -1,27 +1,58 @@
-# Two jobs, each installing what it needs into the current Python (a venv is up to you).
-# TORCH: this CPU machine's build; on a GPU machine run `make ... TORCH=` to keep your own torch.
-TORCH ?= torch==2.13.0
-PROVIDERS = -e providers/torch_ref -e providers/gluon -e providers/flydsl
-PIP = python -m pip install --quiet
+# The README's two commands, `make demo` and `make test`, install into the Python environment they
+# run in (README: `python -m venv .venv && . .venv/bin/activate` first) and never replace its torch:
+# torch is installed only when none is importable, and this repository's packages install with
+# --no-deps, so pip has no reason to touch torch. Each prints which torch it used.
+PYTHON ?= python
+# Installed only when `import torch` fails: this CPU machine's build.
+TORCH_SPEC ?= torch==2.13.0
+# Installed (--no-deps) only when `import triton` fails; CUDA and ROCm torch bring their own, kept.
+TRITON_SPEC ?= triton==3.6.0
+# The newest Triton the kernels are also tested with: bumped on purpose, after
+# `pip index versions triton` shows a newer release and `make test-triton-latest` passes with it.
+TRITON_LATEST = 3.9.0
+# Its environment, outside the work tree and reused between runs: a venv layered over this one
+# (.ci/overlay_venv.py), so it runs this environment's torch with only Triton replaced.
+TRITON_LATEST_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/mqa-core/venv-triton-$(TRITON_LATEST)
+# This repository's distributions, installed editable. A new provider is one more path here.
+PROVIDERS = providers/torch_ref providers/gluon providers/flydsl providers/deepgemm
+EXAMPLES = examples/third_party_provider
+# What the packages need besides torch (pyproject.toml), and what the tests need.
+DEPS = "pluggy>=1.3" numpy
+TEST_DEPS = pytest matplotlib ruff mypy
 
-.PHONY: demo test test-triton-latest
+PIP = $(PYTHON) -m pip install --quiet
 
-demo:
-	$(PIP) $(TORCH) -e . $(PROVIDERS)
+.PHONY: demo test torch install test-triton-latest
+
+demo: install
 	mqa bench --preset quick
 	mqa providers
+	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
 
-test:
-	$(PIP) $(TORCH) triton==3.6.0 pytest matplotlib ruff mypy -e . $(PROVIDERS) -e examples/third_party_provider
-	ruff check mqa_core providers tests examples bench
-	mypy
-	python -m pytest -q
-	$(MAKE) test-triton-latest
+test: install
+	$(PYTHON) .ci/ensure.py triton "$(TRITON_SPEC)" --no-deps
+	$(PIP) $(TEST_DEPS)
+	$(PIP) --no-deps $(addprefix -e ,$(EXAMPLES))
+	$(PYTHON) -m ruff check mqa_core providers tests examples bench
+	$(PYTHON) -m mypy
+	$(PYTHON) -m pytest -q
+	$(MAKE) --no-print-directory test-triton-latest
+	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
 
-# The Triton kernels must keep working on the newest Triton too (the H200 runs 3.6; pip gives newer):
-# interpreter numerics and AMD/NVIDIA AOT builds in a venv of their own. Gluon is version-gated there.
+# numpy before torch (torch warns on import without it), torch only if missing, then the packages
+# without dependencies.
+install:
+	$(PIP) $(DEPS)
+	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
+	$(PIP) --no-deps -e . $(addprefix -e ,$(PROVIDERS))
+
+torch:
+	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
+
+# The Triton kernels must keep working on the newest Triton too (the H200 runs the one torch ships):
+# interpreter numerics and AMD/NVIDIA AOT builds. Gluon is version-gated there.
 test-triton-latest:
-	python -m venv .venv-triton-latest
-	.venv-triton-latest/bin/python -m pip install --quiet $(TORCH) triton numpy pluggy pytest
-	.venv-triton-latest/bin/python -m pip install --quiet --no-deps -e . -e providers/torch_ref -e providers/gluon
-	.venv-triton-latest/bin/python -m pytest -q -p no:cacheprovider tests/gluon
+	@$(PYTHON) .ci/overlay_venv.py "$(TRITON_LATEST_VENV)" > /dev/null
+	"$(TRITON_LATEST_VENV)/bin/python" -m pip install --quiet --no-deps "triton==$(TRITON_LATEST)"
+	@"$(TRITON_LATEST_VENV)/bin/python" -c "import triton, torch; print(f'newest-Triton run: triton {triton.__version__}, torch {torch.__version__} ($(TRITON_LATEST_VENV))')"
+	"$(TRITON_LATEST_VENV)/bin/python" -m pytest -q -p no:cacheprovider tests/gluon

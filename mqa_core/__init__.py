@@ -4,6 +4,8 @@ Providers are separate distributions that register a :class:`ProviderSpec` throu
 ``mqa_core.providers`` entry point group; see ``docs/writing-a-provider.md`` and ``docs/hooks.md``.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .api import explain, fp8_mqa_logits, fp8_paged_mqa_logits, get_provider, reload
 from .arch import KNOWN_ARCHS, detect_arch, normalize_arch
 from .decision import Candidate, Decision
@@ -14,6 +16,11 @@ from .provider import Provider
 from .settings import env_positive_number
 from .spec import DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
 from .tuning import TuningTable, load_tuning
+
+try:
+    __version__ = version("mqa-core")
+except PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "BrokenPlugin",
@@ -43,4 +50,5 @@ __all__ = [
     "load_tuning",
     "normalize_arch",
     "reload",
+    "__version__",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable, Mapping
@@ -11,13 +13,38 @@ import pytest
 
 import mqa_core
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _repo_plugins() -> str:
+    """This repository's provider entry points (providers/*, examples/*), from their pyproject files."""
+    names: list[str] = []
+    for pyproject in sorted(ROOT.glob("providers/*/pyproject.toml")) + sorted(ROOT.glob("examples/*/pyproject.toml")):
+        group = re.search(r'^\[project\.entry-points\."mqa_core\.providers"\]\n((?:[^\[\n].*\n?)*)',
+                          pyproject.read_text(), re.M)
+        names += re.findall(r"^([\w.-]+)\s*=", group.group(1), re.M) if group else []
+    return ",".join(names)
+
+
+#: The tests judge this repository's providers: other installed ones (a finished tutorial, a
+#: user's own) are not loaded (MQA_PLUGINS), so they cannot change a choice the tests expect.
+REPO_PLUGINS = _repo_plugins()
+
+
+def allow_plugins(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """Add entry-point names to the MQA_PLUGINS allow-list the tests run under."""
+    current = os.environ.get("MQA_PLUGINS")
+    if current is not None:
+        monkeypatch.setenv("MQA_PLUGINS", ",".join(filter(None, (current, *names))))
+
 
 @pytest.fixture(autouse=True)
 def _fresh_registry(monkeypatch: pytest.MonkeyPatch):
     """Each test starts from a clean environment and an empty registry cache, and leaves one."""
-    for var in ("MQA_PROVIDER", "MQA_DISABLE_PROVIDERS", "MQA_PLUGINS", "MQA_STRICT_PLUGINS",
+    for var in ("MQA_PROVIDER", "MQA_DISABLE_PROVIDERS", "MQA_STRICT_PLUGINS",
                 "MQA_VALIDATE", "MQA_TORCH_REF_MEMORY_MB", "MQA_TUNING", "TRITON_INTERPRET"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MQA_PLUGINS", REPO_PLUGINS)
     mqa_core.reload()
     yield
     mqa_core.reload()
@@ -32,7 +59,8 @@ def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InstallDist
 
     ``install_dist("my-provider", "1.0", {"my_provider/__init__.py": "..."},
     entry_points={"mqa_core.providers": {"my": "my_provider"}})``; the site dir is put on sys.path
-    so importlib.metadata finds it, and the registry is reloaded.
+    so importlib.metadata finds it, its provider entry points join MQA_PLUGINS, and the registry is
+    reloaded.
     """
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
@@ -56,6 +84,7 @@ def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InstallDist
                 lines.append(f"[{group}]")
                 lines += [f"{k} = {v}" for k, v in eps.items()]
             (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+            allow_plugins(monkeypatch, *entry_points.get("mqa_core.providers", {}))
         mqa_core.reload()
         return site
 

@@ -57,16 +57,69 @@ def wrong_scale(install_dist, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_check_summarises_per_provider_and_fails_on_a_wrong_one(wrong_scale: Path) -> None:
     cmd = [sys.executable, "-m", "mqa_core.cli.main", "check", "--provider", "torch_ref",
            "--provider", "wrong_scale", "-k", "spec or selection or (window and causal)", "--json",
-           "--seed", "7"]
+           "--mqa-seed", "7"]  # the spelling every failure message suggests works here too
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
     assert data["seed"] == 7 and data["device"] == "cpu" and not data["passed"]
     ok, bad = data["providers"]["torch_ref"], data["providers"]["wrong_scale"]
-    assert ok["failed"] == 0 and ok["passed"] == 4, ok
+    assert ok["failed"] == 0 and ok["passed"] == 2 + 2 * 2, ok  # two window cases per declared pair
     assert bad["failed"] == 2 and bad["passed"] == 2, bad
     msg = bad["failures"][0]["message"]
-    assert "[wrong_scale] fp8_mqa_logits window=causal" in msg and "calc_diff" in msg and "seed=" in msg
+    assert "[wrong_scale] fp8_mqa_logits window=causal" in msg and "exceed the error bound" in msg
+    assert "reproduce with --mqa-seed 7" in msg
+
+
+def _mqa(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mqa_core.cli.main", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
+def test_check_unknown_provider_is_one_line_and_exit_2() -> None:
+    r = _mqa("check", "--provider", "nope")
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert r.stderr.startswith("mqa: error: provider 'nope' is not installed; installed: ") and "torch_ref" in r.stderr
+
+
+def test_check_unusable_provider_is_its_decision_row_and_exit_3() -> None:
+    r = _mqa("check", "--provider", "torch_ref", MQA_DISABLE_PROVIDERS="torch_ref")
+    assert r.returncode == 3 and r.stdout == "", r
+    assert r.stderr.strip() == ("mqa: error: provider torch_ref (mqa-provider-torch-ref==" + _version("torch_ref")
+                                + ", priority 0) cannot serve cpu: rejected [blocked] named in MQA_DISABLE_PROVIDERS")
+
+
+def test_check_provider_for_another_arch_is_one_line(install_dist, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first tutorial's mistake: a provider that claims only sm_90, checked on the CPU."""
+    site = install_dist("hopper-only", "1.0", {"hopper_only.py": """
+        from mqa_core import ProviderSpec, hookimpl
+
+        @hookimpl
+        def mqa_providers():
+            return [ProviderSpec(name="hopper_only", ops={"fp8_mqa_logits"}, archs={"sm_90"},
+                                 dtypes={"float8_e4m3fn"}, priority=-5, load="hopper_only:KERNEL")]
+    """}, entry_points={"mqa_core.providers": {"hopper_only": "hopper_only"}})
+    r = _mqa("check", "--provider", "hopper_only", PYTHONPATH=str(site))
+    assert r.returncode == 3 and r.stdout == "", r
+    assert r.stderr.strip() == ("mqa: error: provider hopper_only (hopper-only==1.0, priority -5) cannot serve cpu: "
+                                "rejected [arch] declares archs sm_90; this system has cpu")
+
+
+def _version(name: str) -> str:
+    from mqa_core.testing.providers import spec_named
+
+    spec = spec_named(name)
+    assert spec is not None
+    return spec.version
+
+
+def test_check_dtype_option_picks_one_pair() -> None:
+    r = _mqa("check", "--provider", "torch_ref", "--dtype", "e4m3fnuz", "-k", "window and causal", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["dtype"] == "e4m3fnuz" and data["providers"]["torch_ref"]["passed"] == 2
+    bad = _mqa("check", "--dtype", "e5m2")
+    assert bad.returncode == 2 and "dtype 'e5m2' is not one of" in bad.stderr
 
 
 def test_check_text_summary_and_unknown_provider(capsys: pytest.CaptureFixture[str]) -> None:

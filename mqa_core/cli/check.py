@@ -2,7 +2,8 @@
 
 It runs the very suite ``pytest --mqa-provider NAME`` runs, in this process, with an empty pytest
 configuration of its own so that whatever ``pytest.ini`` or ``conftest.py`` surrounds the current
-directory cannot change the verdict.
+directory cannot change the verdict. A provider that is not installed (exit 2) or cannot serve this
+device (exit 3) is reported in one line before anything runs.
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="certify providers with the conformance kit",
                        description="Run the conformance kit (the suite behind `pytest --mqa-provider NAME`) "
                                    "against installed providers on a device. Exit status 1 when any "
-                                   "provider fails a case.")
+                                   "provider fails a case, 2 for a provider that is not installed, 3 for "
+                                   "one that cannot serve the device.")
     p.add_argument("--provider", action="append", default=[], metavar="NAME",
                    help="provider to check (repeatable; default: every provider usable on the device)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--seed", type=int, default=None, help="base seed (default: fresh, printed)")
+    p.add_argument("--seed", "--mqa-seed", dest="seed", type=int, default=None,
+                   help="base seed (default: fresh, printed); failures name it as --mqa-seed, also accepted here")
+    p.add_argument("--dtype", default=None, metavar="Q[,K]",
+                   help="only this (q, k) dtype pair, e.g. e4m3fn or e4m3fn,e4m3fnuz (default: every declared pair)")
+    p.add_argument("--accumulation", choices=("fp32", "fp8-mma"), default=None,
+                   help="error model of the per-cell bound (default: fp32 on the CPU, fp8-mma on GPUs)")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only the cases matching this pytest -k expression")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's output for every case")
     add_json(p)
@@ -83,16 +90,15 @@ class _Outcomes:
 
 
 def _message(report: Any) -> str:
-    """The one line that says what went wrong: the assertion's or pytest.fail's message."""
+    """The one line that says what went wrong: the assertion's, pytest.fail's or the exception's."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
         return str(longrepr[2]).removeprefix("Skipped: ")
-    text = report.longreprtext or ""
-    for marker in ("AssertionError: ", "Failed: "):
-        if marker in text:
-            return text.rsplit(marker, 1)[1].strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[-1].strip() if lines else "failed"
+    crash = getattr(longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(longrepr or "failed")
+    for prefix in ("AssertionError: ", "Failed: "):
+        text = text.removeprefix(prefix)
+    return text.split("\nassert ")[0].strip() or "failed"
 
 
 def _plugin_name() -> str:
@@ -113,7 +119,7 @@ def _suite() -> str:
 
 
 def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbose: bool,
-            quiet: bool) -> tuple[int, _Outcomes]:
+            quiet: bool, dtype: str | None = None, accumulation: str | None = None) -> tuple[int, _Outcomes]:
     """Run the kit in this process with a configuration of its own; returns pytest's exit code."""
     try:
         import pytest
@@ -124,18 +130,29 @@ def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbo
     with tempfile.TemporaryDirectory(prefix="mqa-check-") as tmp:
         ini = Path(tmp, "pytest.ini")
         ini.write_text("[pytest]\n")
+        # Quiet: progress dots, then the summary below says what failed (pytest's own failure report,
+        # one block per case, is for -v).
         argv = [_suite(), "-c", str(ini), "--rootdir", tmp, "--noconftest", "-p", "no:cacheprovider",
-                "--mqa-device", device, "--mqa-seed", str(seed), "--tb=line",
-                "-v" if verbose else "-q", "--no-header"]
+                "--mqa-device", device, "--mqa-seed", str(seed), "--no-header",
+                *(["-v", "--tb=short", "-rfE"] if verbose else ["-q", "--tb=no", "-rN"])]
         argv += [a for n in names for a in ("--mqa-provider", n)]
         if keyword:
             argv += ["-k", keyword]
+        if dtype:
+            argv += ["--mqa-dtype", dtype]
+        if accumulation:
+            argv += ["--mqa-accumulation", accumulation]
         if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
             argv += ["-p", _plugin_name()]
         sink = io.StringIO() if quiet else sys.stdout
         with contextlib.redirect_stdout(sink):
             code = pytest.main(argv, plugins=[outcomes])
     return int(code), outcomes
+
+
+def _clip(text: str, limit: int) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[: limit - 3] + "..."
 
 
 def render(data: dict[str, Any]) -> str:
@@ -149,7 +166,7 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"  {name:<{width}}  {verdict}  {r['passed']} passed, {r['failed']} failed{extra}  "
                      f"({r['seconds']:.1f} s)")
         for f in r["failures"][:3]:
-            lines.append(f"      {f['case']}: {f['message'][:400]}")
+            lines.append(f"      {f['case']}: {_clip(f['message'], 600)}")
         if len(r["failures"]) > 3:
             lines.append(f"      ... and {len(r['failures']) - 3} more failed cases")
         if not ran:
@@ -160,23 +177,53 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def unusable(names: list[str], arch: str) -> list[str]:
+    """One line per named provider that cannot serve any op it declares on ``arch``: its decision row.
+
+    Raises UserError (exit 2) for a name that is not installed.
+    """
+    from .. import api
+    from ..testing.providers import installed_names, spec_named
+
+    lines = []
+    for name in names:
+        spec = spec_named(name)
+        if spec is None:
+            raise UserError(f"provider {name!r} is not installed; installed: {', '.join(installed_names()) or 'none'} "
+                            "(`mqa providers` lists them)")
+        rows = [api.explain(arch, op=op).candidate(name) for op in sorted(spec.ops)]
+        if not any(c.accepted or c.code == "preference" for c in rows):
+            c = rows[0]
+            lines.append(f"provider {name} ({c.origin}, priority {c.priority}) cannot serve {arch}: "
+                         f"rejected [{c.code}] {c.reason}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..arch import arch_of_device
+    from ..errors import ProviderUnavailableError
+    from ..testing.cases import parse_pair
     from ..testing.providers import usable_providers
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     arch = arch_of_device(device)
+    if args.dtype:
+        parse_pair(args.dtype)  # a ValueError here is a usage error (exit 2), before anything runs
     names = list(dict.fromkeys(args.provider)) or usable_providers(arch)
     if not names:
         raise UserError(f"no installed provider is usable on {device} ({arch}); `mqa explain` says why")
+    refused = unusable(names, arch)
+    if refused:
+        raise ProviderUnavailableError("\n".join(refused))
     seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     t0 = time.perf_counter()
-    code, outcomes = run_kit(names, str(device), seed, args.keyword, args.verbose, quiet=args.json)
+    code, outcomes = run_kit(names, str(device), seed, args.keyword, args.verbose, quiet=args.json, dtype=args.dtype,
+                             accumulation=args.accumulation)
     providers = outcomes.summary(names)
     passed = code == 0 and all(r["failed"] == 0 and r["passed"] > 0 for r in providers.values())
-    data = {"device": str(device), "arch": arch, "seed": seed, "keyword": args.keyword,
+    data = {"device": str(device), "arch": arch, "seed": seed, "keyword": args.keyword, "dtype": args.dtype,
             "providers": providers, "collection_errors": outcomes.collect_errors,
             "pytest_exit_code": code, "seconds": round(time.perf_counter() - t0, 2), "passed": passed}
     if not args.json:

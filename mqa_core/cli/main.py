@@ -32,6 +32,9 @@ def parser() -> argparse.ArgumentParser:
                "--shape 4096,16384,64,128\n  mqa explain --arch gfx942 --dtype float8_e4m3fn,float8_e4m3fnuz\n"
                "  MQA_PROVIDER=torch_ref mqa explain --arch sm_90\n"
                "  MQA_PROVIDER=mqa-provider-torch-ref:torch_ref mqa demo")
+    from .. import __version__
+
+    p.add_argument("--version", action="version", version=f"mqa-core {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__package__}.{name}").add_parser(sub)

@@ -63,6 +63,9 @@ def render(data: dict[str, Any]) -> str:
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
     if not data["providers"]:
         lines.append("(no provider installed: pip install mqa-provider-torch-ref)")
+    described = [(r["name"], r["description"]) for r in data["providers"] if r["description"]]
+    if described:
+        lines += [""] + [f"{name:<{widths[0]}}  {text}" for name, text in described]
     for b in data["broken"]:
         took = f" after {_ms(b['import_seconds'])} of import" if b["import_seconds"] is not None else ""
         lines.append(f"BROKEN plugin {b['entry_point']} ({b['distribution']}=={b['version']}) at "

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import Problem, ProviderSpec
+from ..spec import DTYPES, Problem, ProviderSpec
 from .data import windows as data_windows
+
+#: (q dtype name, k dtype name), as torch spells them without the prefix.
+Pair = tuple[str, str]
 
 #: Heads and head dims probed; each pair a spec's shape limits accept is computed and checked, each
 #: pair it rejects must be rejected by selection.
@@ -23,8 +26,9 @@ PROBES = ((3, 48), (256, 128), (64, 512))
 #: Where the single-shape cases run, first accepted wins: the sizes the indexers use.
 PREFERRED_HD = ((32, 128), (64, 128), (16, 128), (128, 128), (8, 128), (64, 64), (32, 64))
 
-#: Prefill window patterns: data.WINDOWS plus "edges" (every corner case in every row) and "empty".
-WINDOW_KINDS = ("causal", "full", "chunk", "ragged", "edges", "empty")
+#: Prefill window patterns: data.WINDOWS plus "edges" (every corner case in every row), "short"
+#: (one to three keys: each row's first and last key are most of its cells) and "empty".
+WINDOW_KINDS = ("causal", "full", "chunk", "ragged", "edges", "short", "empty")
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,41 @@ SIZES = {
                  odd=((1, 1), (1, 4099), (300, 17), (128, 1024), (257, 2049)), paged_context=2100),
 }
 
-#: (batch, next_n, lens 2-D, clean_logits) for the paged op.
+#: (batch, next_n, lens 2-D, clean_logits) for the paged op. 2-D lengths are arbitrary per row (not
+#: the 1-D rule lens[b] - next_n + j + 1): zero, the whole context, block edges, decreasing in j.
 PAGED_CASES = ((1, 1, False, True), (4, 1, False, True), (2, 2, False, True), (3, 2, True, True),
-               (4, 2, True, False), (3, 1, False, False))
+               (4, 2, True, False), (3, 1, False, False), (5, 3, True, True), (2, 1, True, True))
 PAGED_BLOCK_SIZE = 64
+
+
+@dataclass(frozen=True)
+class LargeSizes:
+    """The large-index cases: sizes past 2**bits elements or bytes (31 on GPUs: where int32 offsets
+    overflow; fewer on the CPU, same structure and windows, to prove the cases themselves)."""
+
+    bits: int
+
+    def keys_past(self, d: int) -> int:
+        """N with N * D past 2**bits: keys after the crossing as well as before."""
+        return -(-(2 ** self.bits) // d) + 1531
+
+    def rows_cols_past(self) -> tuple[int, int]:
+        """(M, N) with M * N past 2**bits and N off every tile."""
+        n = 2 ** (self.bits // 2) + 11
+        return -(-(2 ** self.bits) // n) + 29, n
+
+    def paged(self) -> tuple[int, int, int]:
+        """(batch, next_n, max_context_len) with B * next_n * max_context_len past 2**bits; the last
+        sequence sees the whole context, so its blocks also lie past 2**bits bytes into the pool."""
+        batch = 64 if self.bits > 24 else 8
+        return batch, 2, -(-(2 ** self.bits) // (batch * 2)) + 1531
+
+
+LARGE = {"cpu": LargeSizes(bits=18), "gpu": LargeSizes(bits=31)}
+
+
+def large_sizes(device: torch.device) -> LargeSizes:
+    return LARGE["cpu" if device.type == "cpu" else "gpu"]
 
 
 def sizes_for(device: torch.device) -> Sizes:
@@ -70,6 +105,15 @@ def main_heads_dims(spec: ProviderSpec, m: int, n: int) -> tuple[int, int] | Non
         if accepts(spec, Problem(m, n, h, d)):
             return h, d
     return None
+
+
+def short_windows(m: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One to three keys per row, anywhere including the first and last keys: boundaries everywhere."""
+    g = torch.Generator().manual_seed(seed)
+    ks = torch.randint(0, max(n, 1), (m,), generator=g)
+    ks[: min(m, 2)] = torch.tensor([0, max(n - 1, 0)])[: min(m, 2)]
+    ke = torch.clamp(ks + torch.randint(1, 4, (m,), generator=g), max=max(n, 1))
+    return ks.to(torch.int32), ke.to(torch.int32)
 
 
 def edge_windows(m: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +139,8 @@ def make_windows(kind: str, m: int, n: int, seed: int) -> tuple[torch.Tensor, to
     """(ks, ke) int32 [M] on the CPU for one of :data:`WINDOW_KINDS`."""
     if kind == "edges":
         return edge_windows(m, n)
+    if kind == "short":
+        return short_windows(m, n, seed)
     if kind == "empty":
         g = torch.Generator().manual_seed(seed)
         ks = torch.randint(-5, n + 5, (m,), generator=g, dtype=torch.int32)
@@ -110,3 +156,47 @@ def short_context_lens(lens: torch.Tensor, next_n: int, max_context_len: int) ->
         if b < lens.shape[0]:
             lens[b] = min(value, max_context_len)
     return lens
+
+
+def arbitrary_lens(batch: int, next_n: int, max_context_len: int, seed: int) -> torch.Tensor:
+    """[B, next_n] int32 lengths with nothing in common with the 1-D rule: each row its own, in
+    [0, max_context_len]; the first rows pinned to 0, the whole context, a block, a block plus one,
+    and one longer row before a shorter one in the same sequence."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, max_context_len + 1, (batch, next_n), generator=g)
+    pinned = [0, max_context_len, PAGED_BLOCK_SIZE, PAGED_BLOCK_SIZE + 1, 1]
+    flat = lens.view(-1)
+    for i, v in enumerate(pinned[: flat.numel()]):
+        flat[i] = min(v, max_context_len)
+    if next_n > 1 and batch > 1:
+        lens[-1] = torch.arange(next_n, 0, -1) * max(1, max_context_len // (next_n + 1))
+    return lens.to(torch.int32)
+
+
+def declared_pairs(spec: ProviderSpec, arch: str) -> list[Pair]:
+    """Every (q, k) dtype pair the spec accepts on ``arch``: ``spec.pairs_for(arch)`` where the spec
+    has it, else its ``dtypes`` as same-flavour pairs."""
+    pairs_for = getattr(spec, "pairs_for", None)
+    pairs = set(pairs_for(arch)) if callable(pairs_for) else set()
+    if not pairs:
+        pairs = {(d, d) for d in getattr(spec, "dtypes", ())}
+    return sorted((str(q), str(k)) for q, k in pairs)
+
+
+def parse_pair(text: str) -> Pair:
+    """``float8_e4m3fn`` or ``e4m3fn`` (q and k alike), or ``Q,K``; names as in :data:`DTYPES`."""
+    names = []
+    for part in text.split(","):
+        name = part.strip().removeprefix("torch.")
+        name = name if name.startswith("float8_") else f"float8_{name}"
+        if name not in DTYPES:
+            raise ValueError(f"dtype {part.strip()!r} is not one of {', '.join(DTYPES)}")
+        names.append(name)
+    if len(names) not in (1, 2):
+        raise ValueError(f"--mqa-dtype takes Q or Q,K; got {text!r}")
+    return (names[0], names[-1])
+
+
+def pair_id(pair: Pair) -> str:
+    q, k = (p.removeprefix("float8_") for p in pair)
+    return q if q == k else f"{q}.{k}"

@@ -2,9 +2,10 @@
 
 Every case draws fresh random inputs (never zeros; the seed is in every failure message and
 ``--mqa-seed`` reproduces a run), calls the provider exactly as an engine would get it
-(``MQA_PROVIDER=NAME``, then ``get_provider``), right after poisoning the allocator with NaN, and
-compares with the float64 oracle of :mod:`mqa_core.reference`: calc_diff < 1e-3 in-window, no NaN
-or inf in-window, and with ``clean_logits`` every other cell -inf.
+(``MQA_PROVIDER=NAME``, then ``get_provider``) with every byte its output can occupy poisoned, and
+checks against the float64 oracle of :mod:`mqa_core.reference`: the -inf mask exactly, and every
+in-window cell within its own error bound (:mod:`.bound`). Each case runs for every (q, k) dtype
+pair the provider declares on the device's arch, or for the one ``--mqa-dtype`` names.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 import torch
 
-from ..arch import ANY_ARCH, KNOWN_ARCHS
+from .. import validate
+from ..arch import KNOWN_ARCHS, normalize_arch
 from ..errors import ProviderUnavailableError
 from ..provider import Provider, load_object
 from ..reference import fp8_mqa_logits_ref
 from ..spec import Problem, ProviderSpec
+from . import large
 from . import providers as named
+from .bound import Accumulation, magnitudes
 from .cases import (
     HEAD_DIMS,
     HEADS,
@@ -31,15 +35,22 @@ from .cases import (
     PAGED_CASES,
     PROBES,
     WINDOW_KINDS,
+    Pair,
     accepts,
+    arbitrary_lens,
+    declared_pairs,
+    large_sizes,
     main_heads_dims,
     make_windows,
+    pair_id,
     short_context_lens,
     sizes_for,
 )
-from .checks import Case, check_identical, check_logits, poisoned_call
-from .data import Inputs, make_inputs, make_paged_inputs
-from .plugin import BASE_SEED, kit_arch, kit_device
+from .checks import Case, Windows, check_identical, check_logits, check_mask, check_output, check_values
+from .data import Inputs, PagedInputs, exact, make_inputs, make_paged_inputs
+from .layouts import LAYOUTS, describe, paged_layout, prefill_layout
+from .plugin import BASE_SEED, DTYPE_PAIR, kit_accumulation, kit_arch, kit_device
+from .poison import poisoned_call
 
 PREFILL = "fp8_mqa_logits"
 PAGED = "fp8_paged_mqa_logits"
@@ -47,25 +58,29 @@ GRID = tuple((h, d) for h in HEADS for d in HEAD_DIMS) + PROBES
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    names = list(metafunc.config.getoption("mqa_provider"))
-    if "dtype_name" in metafunc.fixturenames:
-        pairs = [(n, dt) for n in names for dt in _declared_dtypes(n)]
-        metafunc.parametrize("provider_name,dtype_name", pairs, ids=[f"{n}-{dt}" for n, dt in pairs])
+    config = metafunc.config
+    names = list(config.getoption("mqa_provider"))
+    if "dtype_pair" in metafunc.fixturenames:
+        params = [(n, p) for n in names for p in _pairs_to_run(config, n)]
+        metafunc.parametrize("provider_name,dtype_pair", params, ids=[f"{n}-{pair_id(p)}" for n, p in params])
     elif "provider_name" in metafunc.fixturenames:
         metafunc.parametrize("provider_name", names, ids=names)
     if "odd_size" in metafunc.fixturenames:
-        odd = sizes_for(kit_device(metafunc.config)).odd
+        odd = sizes_for(kit_device(config)).odd
         metafunc.parametrize("odd_size", odd, ids=[f"M{m}-N{n}" for m, n in odd])
 
 
-def _declared_dtypes(name: str) -> list[str]:
+def _pairs_to_run(config: pytest.Config, name: str) -> list[Pair]:
+    chosen = config.stash.get(DTYPE_PAIR, None)
+    if chosen is not None:
+        return [chosen]
     spec = named.spec_named(name)
-    return sorted(spec.dtypes) if spec is not None else ["float8_e4m3fn"]
+    return declared_pairs(spec, kit_arch(config)) if spec is not None else [("float8_e4m3fn", "float8_e4m3fn")]
 
 
 @dataclass
 class Kit:
-    """One provider under test on one device, and the current case's seed."""
+    """One provider under test on one device with one dtype pair, and the current case's seed."""
 
     name: str
     spec: ProviderSpec
@@ -73,37 +88,56 @@ class Kit:
     arch: str
     base_seed: int
     nodeid: str
-    #: (provider, op, dtype) -> Provider, or the message every case of it fails with; one per session.
-    providers: dict[tuple[str, str, str], Any]
-    dtype: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.dtype = "float8_e4m3fn" if "float8_e4m3fn" in self.spec.dtypes else sorted(self.spec.dtypes)[0]
+    #: (op, pair) -> Provider, or [one-line reason, full trace, shown] for a provider that cannot serve.
+    providers: dict[tuple[str, Pair], Any]
+    pair: Pair
+    accumulation: Accumulation
 
     @property
     def seed(self) -> int:
         """Fresh per run (the base seed is random unless --mqa-seed), distinct per case."""
         return (self.base_seed + zlib.crc32(self.nodeid.encode())) % 2**31
 
-    def provider(self, op: str = PREFILL, dtype: str | None = None) -> Provider:
-        key = (self.name, op, dtype or self.dtype)
+    @property
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
+        return getattr(torch, self.pair[0]), getattr(torch, self.pair[1])
+
+    @property
+    def request_dtype(self) -> Any:
+        """What ``get_provider(dtype=...)`` takes: the q dtype, or the (q, k) pair when they differ."""
+        return self.pair[0] if self.pair[0] == self.pair[1] else self.pair
+
+    def provider(self, op: str = PREFILL) -> Provider:
+        key = (op, self.pair)
         if key not in self.providers:
             try:
-                self.providers[key] = named.provider_named(self.name, self.arch, op=op, dtype=key[2])
+                self.providers[key] = named.provider_named(self.name, self.arch, op=op, dtype=self.request_dtype)
             except ProviderUnavailableError as exc:
-                self.providers[key] = (f"provider {self.name} cannot serve {op} ({key[2]}) on "
-                                       f"{self.device} ({self.arch}) under MQA_PROVIDER={self.name}:\n{exc}")
+                self.providers[key] = [self._why_not(op, exc), str(exc), False]
         got = self.providers[key]
-        if isinstance(got, str):
-            pytest.fail(got, pytrace=False)
+        if isinstance(got, list):
+            line, trace, shown = got
+            got[2] = True  # the whole trace once per run; later cases say it in one line
+            pytest.fail(line if shown else f"{line}\n{trace}", pytrace=False)
         return got
+
+    def _why_not(self, op: str, exc: ProviderUnavailableError) -> str:
+        decision = getattr(exc, "decision", None)
+        row = ""
+        try:
+            c = decision.candidate(self.name)  # type: ignore[union-attr]
+            row = f": [{c.code}] {c.reason}"
+        except (AttributeError, KeyError):
+            pass
+        return (f"provider {self.name} cannot serve {op} ({pair_id(self.pair)}) on {self.device} "
+                f"({self.arch}) under MQA_PROVIDER={self.name}{row}")
 
     def require(self, op: str) -> None:
         if op not in self.spec.ops:
             pytest.skip(f"{self.name} does not declare {op}")
 
     def case(self, op: str, what: str, problem: Problem) -> Case:
-        return Case(self.name, op, what, problem, self.seed, self.base_seed)
+        return Case(self.name, op, f"{what} dtype={pair_id(self.pair)}", problem, self.seed, self.base_seed)
 
     def main_problem(self, m: int, n: int) -> Problem:
         self.require(PREFILL)
@@ -113,15 +147,19 @@ class Kit:
                         f"at M={m}, N={n}: the kit has nothing it may run", pytrace=False)
         return Problem(m, n, *hd)
 
+    def rejects(self, op: str, problem: Problem) -> bool:
+        """True (and the rejection checked) when the spec's shape limits refuse ``problem``."""
+        if accepts(self.spec, problem):
+            return False
+        c = named.explain_with(self.arch, op=op, problem=problem).candidate(self.name)
+        assert c.code == "shape", (f"[{self.name}] shape_limits reject {problem}, but selection gives "
+                                   f"{'accepted' if c.accepted else f'[{c.code}] {c.reason}'}, not [shape]")
+        with pytest.raises(ProviderUnavailableError):
+            named.provider_named(self.name, self.arch, op=op, problem=problem)
+        return True
 
-@pytest.fixture(scope="session")
-def provider_cache() -> dict[tuple[str, str, str], Any]:
-    return {}
 
-
-@pytest.fixture
-def kit(provider_name: str, provider_cache: dict[tuple[str, str, str], Any],
-        request: pytest.FixtureRequest) -> Kit:
+def _spec_or_fail(provider_name: str) -> ProviderSpec:
     spec = named.spec_named(provider_name)
     if spec is None:
         from .. import registry
@@ -129,76 +167,156 @@ def kit(provider_name: str, provider_cache: dict[tuple[str, str, str], Any],
         broken = "".join(f"\n  {b}" for b in registry.state().discovery.broken)
         pytest.fail(f"provider {provider_name!r} is not installed; installed: "
                     f"{', '.join(named.installed_names()) or 'none'}{broken}", pytrace=False)
+    return spec
+
+
+@pytest.fixture(scope="session")
+def provider_cache() -> dict[str, dict[tuple[str, Pair], Any]]:
+    """Per provider, what :meth:`Kit.provider` found: one selection per (op, pair) and session."""
+    return {}
+
+
+@pytest.fixture
+def provider_spec(provider_name: str) -> ProviderSpec:
+    return _spec_or_fail(provider_name)
+
+
+@pytest.fixture
+def kit(provider_name: str, dtype_pair: Pair, provider_cache: dict[str, dict[tuple[str, Pair], Any]],
+        request: pytest.FixtureRequest) -> Kit:
+    spec = _spec_or_fail(provider_name)
     config = request.config
-    return Kit(provider_name, spec, kit_device(config), kit_arch(config), config.stash[BASE_SEED],
-               request.node.nodeid, provider_cache)
+    arch = kit_arch(config)
+    declared = declared_pairs(spec, arch)
+    if dtype_pair not in declared:
+        pytest.skip(f"{provider_name} does not declare q {dtype_pair[0]} with k {dtype_pair[1]} on {arch} "
+                    f"(declares {', '.join(pair_id(p) for p in declared)})")
+    return Kit(provider_name, spec, kit_device(config), arch, config.stash[BASE_SEED], request.node.nodeid,
+               provider_cache.setdefault(provider_name, {}), dtype_pair, kit_accumulation(config))
 
 
 # -- helpers -------------------------------------------------------------------------------------
 
-def _reference(x: Inputs) -> torch.Tensor:
-    # fp8 -> float64 on the CPU (every fp8 flavour converts there), the product on the device.
-    dev = x.q.device
-    return fp8_mqa_logits_ref(x.q.cpu().double().to(dev), x.k.cpu().double().to(dev), x.k_scale,
-                              x.weights, x.ks, x.ke)
+def expected(x: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(exact logits with -inf outside the windows, magnitudes T), float64 on the inputs' device."""
+    q, k = exact(x.q), exact(x.k)
+    return fp8_mqa_logits_ref(q, k, x.k_scale, x.weights, x.ks, x.ke), magnitudes(x.q, x.k, x.k_scale, x.weights)
+
+
+def expected_paged(x: PagedInputs) -> tuple[torch.Tensor, torch.Tensor, Windows]:
+    """(exact logits, magnitudes T, windows) for a paged call, float64 on the inputs' device."""
+    b, next_n, h, d = x.q.shape
+    want = x.reference().to(x.q.device)
+    nb, bs = x.kv_cache.shape[:2]
+    covered = min(x.max_context_len, x.block_tables.shape[1] * bs)
+    wins = Windows.prefix(x.visible().clamp(max=covered), x.max_context_len)
+    t = torch.zeros(b * next_n, x.max_context_len, dtype=torch.float64, device=x.q.device)
+    pos = torch.arange(covered, device=x.q.device)
+    for bi in range(b):
+        rows = torch.full_like(pos, bi * next_n)
+        keys, scales = large.paged_keys_at(x, rows, pos)
+        rows_b = slice(bi * next_n, (bi + 1) * next_n)
+        t[rows_b, :covered] = magnitudes(x.q[bi], keys, scales, x.weights[rows_b])
+    return want, t, wins
 
 
 def run_prefill(kit: Kit, problem: Problem, *, window: str = "ragged", clean: bool = True,
-                k_scale_2d: bool = False, dtype: str | None = None, what: str = ""
-                ) -> tuple[Inputs, torch.Tensor, Case]:
+                k_scale_2d: bool = False, positive: bool = False, layout: str | None = None,
+                what: str = "") -> tuple[Inputs, torch.Tensor, Case]:
     """One poisoned call on fresh inputs, checked against the oracle; returns what a case reuses."""
     kit.require(PREFILL)
-    dtype = dtype or kit.dtype
     seed = kit.seed
-    x = make_inputs(problem, device=kit.device, window="full", dtype=getattr(torch, dtype), seed=seed,
-                    k_scale_2d=k_scale_2d)
+    q_dtype, k_dtype = kit.dtypes
+    x = make_inputs(problem, device=kit.device, window="full", dtype=q_dtype, k_dtype=k_dtype, seed=seed,
+                    k_scale_2d=k_scale_2d, positive=positive)
     ks, ke = make_windows(window, problem.m, problem.n, seed)
     x = replace(x, ks=ks.to(kit.device), ke=ke.to(kit.device))
+    if layout is not None:
+        x = prefill_layout(x, layout)
     case = kit.case(PREFILL, what or (f"window={window} clean_logits={clean} "
-                                      f"k_scale={'[N, 1]' if k_scale_2d else '[N]'} dtype={dtype}"), problem)
-    provider = kit.provider(PREFILL, dtype)
-    out = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=clean), kit.device,
-                        problem.m, problem.n)
-    check_logits(out, _reference(x), case, clean=clean, windows=(ks, ke))
+                                      f"k_scale={'[N, 1]' if k_scale_2d else '[N]'}"
+                                      + (" positive data" if positive else "")
+                                      + (f" layout={layout}" if layout else "")), problem)
+    provider = kit.provider(PREFILL)
+    out, out_layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=clean), kit.device)
+    want, t = expected(x)
+    check_logits(out, want, t, case, clean=clean, accumulation=kit.accumulation,
+                 wins=Windows.prefill(ks, ke, problem.n), layout=out_layout)
     return x, out, case
+
+
+def run_paged(kit: Kit, x: PagedInputs, *, clean: bool, what: str) -> torch.Tensor:
+    b, next_n, h, d = x.q.shape
+    problem = Problem(b * next_n, x.max_context_len, h, d)
+    lens = x.context_lens.tolist()
+    case = kit.case(PAGED, f"{what} context_lens={'[B, next_n]' if x.context_lens.dim() == 2 else '[B]'}="
+                           f"{lens} block_size={x.kv_cache.shape[1]} clean_logits={clean}", problem)
+    provider = kit.provider(PAGED)
+    out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean),
+                                    kit.device)
+    want, t, wins = expected_paged(x)
+    check_logits(out, want, t, case, clean=clean, accumulation=kit.accumulation, wins=wins, layout=out_layout)
+    return out
+
+
+def paged_inputs(kit: Kit, batch: int, next_n: int, *, lens_2d: bool, positive: bool = False,
+                 pool_pad_bytes: int = 0) -> PagedInputs:
+    """Decode inputs for the kit: short and block-edge lengths (1-D), arbitrary per-row ones (2-D)."""
+    kit.require(PAGED)
+    if kit.pair[0] != kit.pair[1]:
+        pytest.skip("the paged cache is uint8 and holds q's fp8 flavour: mixed pairs are a prefill matter")
+    ctx = sizes_for(kit.device).paged_context
+    h, d = main_heads_dims(kit.spec, batch * next_n, ctx) or (32, 128)
+    seed = kit.seed
+    lens = (arbitrary_lens(batch, next_n, ctx, seed) if lens_2d
+            else short_context_lens(torch.randint(next_n, ctx + 1, (batch,),
+                                                  generator=torch.Generator().manual_seed(seed)), next_n, ctx))
+    return make_paged_inputs(batch, next_n, h, d, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed,
+                             dtype=kit.dtypes[0], context_lens=lens, positive=positive,
+                             pool_pad_bytes=pool_pad_bytes, device=kit.device)
 
 
 # -- the provider as declared --------------------------------------------------------------------
 
-def test_spec(kit: Kit) -> None:
-    """Spec sanity: known archs, an int priority, a load path that resolves, cheap well-behaved hooks."""
-    spec = kit.spec
-    unknown = spec.archs - set(KNOWN_ARCHS) - {ANY_ARCH}
-    assert not unknown, f"[{kit.name}] declares unknown archs {sorted(unknown)}; known: {KNOWN_ARCHS}"
+def test_spec(provider_name: str, provider_spec: ProviderSpec) -> None:
+    """Spec sanity: well-formed archs, an int priority, a load path that resolves, cheap well-behaved hooks."""
+    spec = provider_spec
+    for arch in sorted(spec.archs - {"any"}):
+        try:
+            normalize_arch(arch)
+        except ValueError:
+            pytest.fail(f"[{provider_name}] declares arch {arch!r}, not a well-formed arch name", pytrace=False)
     assert isinstance(spec.priority, int) and not isinstance(spec.priority, bool), \
-        f"[{kit.name}] priority must be an int, got {spec.priority!r}"
+        f"[{provider_name}] priority must be an int, got {spec.priority!r}"
     obj = load_object(spec.load)
     missing = [op for op in sorted(spec.ops) if not callable(getattr(obj, op, None))]
-    assert not missing, f"[{kit.name}] {spec.load} has no method for declared ops {missing}"
+    assert not missing, f"[{provider_name}] {spec.load} has no method for declared ops {missing}"
+    archs = sorted(set(KNOWN_ARCHS) | (spec.archs - {"any"}))
     if spec.check is not None:
         t0 = time.perf_counter()
-        for arch in KNOWN_ARCHS:
+        for arch in archs:
             reason = spec.check(arch)
             assert reason is None or isinstance(reason, str), \
-                f"[{kit.name}] check({arch!r}) must return None or a reason string, got {reason!r}"
+                f"[{provider_name}] check({arch!r}) must return None or a reason string, got {reason!r}"
         slow = time.perf_counter() - t0
-        assert slow < 5.0, f"[{kit.name}] check() took {slow:.1f} s over {len(KNOWN_ARCHS)} archs: cache it"
+        assert slow < 5.0, f"[{provider_name}] check() took {slow:.1f} s over {len(archs)} archs: cache it"
     if spec.shape_limits is not None:
         for h, d in GRID:
             reason = spec.shape_limits(Problem(64, 256, h, d))
             assert reason is None or isinstance(reason, str), \
-                f"[{kit.name}] shape_limits(H={h}, D={d}) must return None or a reason, got {reason!r}"
+                f"[{provider_name}] shape_limits(H={h}, D={d}) must return None or a reason, got {reason!r}"
 
 
-def test_selection(kit: Kit) -> None:
+def test_selection(provider_name: str, provider_spec: ProviderSpec, request: pytest.FixtureRequest) -> None:
     """MQA_PROVIDER=NAME selects it on this device; MQA_DISABLE_PROVIDERS=NAME blocks it."""
-    op = PREFILL if PREFILL in kit.spec.ops else PAGED
-    chosen = named.explain_with(kit.arch, op=op, MQA_PROVIDER=kit.name)
-    assert chosen.chosen == kit.name, f"[{kit.name}] is not selectable on {kit.arch}:\n{chosen}"
-    blocked = ",".join(filter(None, (os.environ.get("MQA_DISABLE_PROVIDERS", ""), kit.name)))
-    d = named.explain_with(kit.arch, op=op, MQA_DISABLE_PROVIDERS=blocked)
-    assert d.candidate(kit.name).code == "blocked" and d.chosen != kit.name, \
-        f"[{kit.name}] MQA_DISABLE_PROVIDERS={blocked} does not block it:\n{d}"
+    arch = kit_arch(request.config)
+    op = PREFILL if PREFILL in provider_spec.ops else PAGED
+    chosen = named.explain_with(arch, op=op, MQA_PROVIDER=provider_name)
+    assert chosen.chosen == provider_name, f"[{provider_name}] is not selectable on {arch}:\n{chosen}"
+    blocked = ",".join(filter(None, (os.environ.get("MQA_DISABLE_PROVIDERS", ""), provider_name)))
+    d = named.explain_with(arch, op=op, MQA_DISABLE_PROVIDERS=blocked)
+    assert d.candidate(provider_name).code == "blocked" and d.chosen != provider_name, \
+        f"[{provider_name}] MQA_DISABLE_PROVIDERS={blocked} does not block it:\n{d}"
 
 
 # -- prefill -------------------------------------------------------------------------------------
@@ -206,9 +324,17 @@ def test_selection(kit: Kit) -> None:
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "unclean"])
 @pytest.mark.parametrize("window", WINDOW_KINDS)
 def test_prefill_window(kit: Kit, window: str, clean: bool) -> None:
-    """Causal, full, chunked, ragged, corner-case and all-empty windows, clean_logits on and off."""
+    """Causal, full, chunked, ragged, corner-case, short and all-empty windows, clean_logits on and off."""
     m, n = sizes_for(kit.device).windows
     run_prefill(kit, kit.main_problem(m, n), window=window, clean=clean)
+
+
+@pytest.mark.parametrize("window", ["causal", "ragged"])
+def test_prefill_positive(kit: Kit, window: str) -> None:
+    """q, k and weights positive: nothing cancels, so every cell's bound is a fixed fraction of the
+    logit itself; a kernel off by a constant factor or rounding its output fails here on any device."""
+    m, n = sizes_for(kit.device).windows
+    run_prefill(kit, kit.main_problem(m, n), window=window, clean=True, positive=True)
 
 
 @pytest.mark.parametrize("h,d", GRID, ids=[f"H{h}-D{d}" for h, d in GRID])
@@ -217,14 +343,8 @@ def test_prefill_heads_dims(kit: Kit, h: int, d: int) -> None:
     kit.require(PREFILL)
     m, n = sizes_for(kit.device).grid
     problem = Problem(m, n, h, d)
-    if accepts(kit.spec, problem):
+    if not kit.rejects(PREFILL, problem):
         run_prefill(kit, problem, window="ragged", clean=True)
-        return
-    c = named.explain_with(kit.arch, problem=problem).candidate(kit.name)
-    assert c.code == "shape", (f"[{kit.name}] shape_limits reject {problem}, but selection gives "
-                               f"{'accepted' if c.accepted else f'[{c.code}] {c.reason}'}, not [shape]")
-    with pytest.raises(ProviderUnavailableError):
-        named.provider_named(kit.name, kit.arch, problem=problem)
 
 
 def test_prefill_odd_sizes(kit: Kit, odd_size: tuple[int, int]) -> None:
@@ -238,20 +358,66 @@ def test_prefill_k_scale_2d(kit: Kit) -> None:
     run_prefill(kit, kit.main_problem(m, n), window="causal", clean=True, k_scale_2d=True)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("k_scale_2d", [False, True], ids=["k_scale_1d", "k_scale_2d"])
+def test_prefill_layout(kit: Kit, layout: str, k_scale_2d: bool) -> None:
+    """Inputs as views: slices of larger buffers at storage offsets, heads-first q, dim-first k (last
+    dim not contiguous), transposed weights, strided k_scale/ks/ke; padding holds poison."""
+    m, n = sizes_for(kit.device).windows
+    run_prefill(kit, kit.main_problem(m, n), window="edges", clean=True, layout=layout, k_scale_2d=k_scale_2d)
+
+
 def test_prefill_repeatable(kit: Kit) -> None:
-    """Two identical calls give bit-identical logits, each after re-poisoning the allocator."""
+    """Two identical calls give bit-identical logits, each with its output poisoned."""
     m, n = sizes_for(kit.device).windows
     x, first, case = run_prefill(kit, kit.main_problem(m, n), window="edges", clean=True)
     provider = kit.provider(PREFILL)
-    second = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=True), kit.device,
-                           *first.shape)
+    second, _ = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=True), kit.device)
     check_identical(first, second, replace(case, what=case.what + " (second call)"))
 
 
-def test_prefill_dtype(kit: Kit, dtype_name: str) -> None:
-    """Each declared fp8 flavour (e4m3fnuz is what gfx942 reads) on a ragged window."""
-    m, n = sizes_for(kit.device).windows
-    run_prefill(kit, kit.main_problem(m, n), window="ragged", clean=True, dtype=dtype_name)
+def _enough_memory(kit: Kit, need: int) -> None:
+    if kit.device.type != "cuda":
+        return
+    torch.cuda.empty_cache()  # what earlier cases left cached counts as free here
+    free, _ = torch.cuda.mem_get_info(kit.device)
+    if free < need:
+        pytest.skip(f"needs about {need / 2**30:.1f} GiB free on {kit.device}; {free / 2**30:.1f} GiB are")
+
+
+def _check_sampled(kit: Kit, sampled: large.Sampled, out: Any, case: Case, clean: bool, layout: Any) -> None:
+    out = check_output(out, (sampled.windows.lo.numel(), _cols(sampled)), case)
+    check_mask(out, sampled.windows, case, clean=clean, layout=layout)
+    want, t = large.exact_at(sampled)
+    got = out[sampled.rows, sampled.cols]
+    check_values(got, want, t, sampled.rows.cpu(), sampled.cols.cpu(), case, kit.accumulation, sampled.windows,
+                 layout)
+
+
+def _cols(sampled: large.Sampled) -> int:
+    x = sampled.inputs
+    return x.max_context_len if isinstance(x, PagedInputs) else x.k.shape[0]
+
+
+@pytest.mark.mqa_large
+@pytest.mark.parametrize("kind", large.KINDS)
+def test_prefill_large_index(kit: Kit, kind: str) -> None:
+    """Offsets past 2**31 (GPU; 2**18 on the CPU): N*D keys, M*N logits; windows at the crossing."""
+    kit.require(PREFILL)
+    sizes = large_sizes(kit.device)
+    h, d = main_heads_dims(kit.spec, 8, sizes.keys_past(128)) or (32, 128)
+    m, n = (8, sizes.keys_past(d)) if kind == "keys" else sizes.rows_cols_past()
+    problem = Problem(m, n, h, d)
+    if kit.rejects(PREFILL, problem):
+        return
+    _enough_memory(kit, n * d + m * h * d + 3 * m * n * 4 + (2 << 30))
+    sampled = large.prefill_case(kind, sizes, h, d, kit.dtypes, kit.device, kit.seed)
+    x = sampled.inputs
+    assert isinstance(x, Inputs)
+    case = kit.case(PREFILL, f"large index: {sampled.what}", problem)
+    provider = kit.provider(PREFILL)
+    out, layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=True), kit.device)
+    _check_sampled(kit, sampled, out, case, True, layout)
 
 
 # -- decode (paged) ------------------------------------------------------------------------------
@@ -260,23 +426,54 @@ def test_prefill_dtype(kit: Kit, dtype_name: str) -> None:
                          ids=[f"B{b}-next{nn}-lens{'2d' if l2 else '1d'}-{'clean' if c else 'unclean'}"
                               for b, nn, l2, c in PAGED_CASES])
 def test_paged(kit: Kit, batch: int, next_n: int, lens_2d: bool, clean: bool) -> None:
-    """The decode op over DeepGEMM's paged cache: short contexts, block edges, 1-D and 2-D lens."""
+    """The decode op over DeepGEMM's paged cache: short contexts and block edges (1-D lengths), and
+    arbitrary per-row lengths (2-D: zero, the whole context, decreasing within a sequence)."""
+    x = paged_inputs(kit, batch, next_n, lens_2d=lens_2d)
+    run_paged(kit, x, clean=clean, what=f"batch={batch} next_n={next_n}")
+
+
+def test_paged_positive(kit: Kit) -> None:
+    """Positive data, so every cell's bound is a fixed fraction of the logit (see test_prefill_positive)."""
+    x = paged_inputs(kit, 3, 2, lens_2d=True, positive=True)
+    run_paged(kit, x, clean=True, what="batch=3 next_n=2 positive data")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_paged_layout(kit: Kit, layout: str) -> None:
+    """q, weights, context_lens and block_tables as views (a wider block table, a column-major one)."""
+    x = paged_layout(paged_inputs(kit, 3, 2, lens_2d=True), layout)
+    run_paged(kit, x, clean=True, what=f"batch=3 next_n=2 layout={layout} (q {describe(x.q)}, "
+                                       f"block_tables {describe(x.block_tables)})")
+
+
+def test_paged_strided_pool(kit: Kit) -> None:
+    """A page pool whose blocks are further apart than block_size * (D + 4) bytes (the gap is NaN)."""
+    x = paged_inputs(kit, 3, 2, lens_2d=True, pool_pad_bytes=256)
+    try:
+        validate.paged_mqa_logits_args(x.q, x.kv_cache, x.weights, x.context_lens, x.block_tables,
+                                       x.max_context_len, True)
+    except ValueError as exc:
+        pytest.skip(f"this mqa-core does not accept strided page pools yet: {exc}")
+    run_paged(kit, x, clean=True, what=f"batch=3 next_n=2 kv_cache strides {tuple(x.kv_cache.stride())}")
+
+
+@pytest.mark.mqa_large
+def test_paged_large_index(kit: Kit) -> None:
+    """Offsets past 2**31 (GPU; 2**18 on the CPU): output rows and the page pool's block offsets."""
     kit.require(PAGED)
-    ctx = sizes_for(kit.device).paged_context
-    hd = main_heads_dims(kit.spec, batch * next_n, ctx) or (32, 128)
-    seed = kit.seed
-    x = make_paged_inputs(batch, next_n, *hd, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed,
-                          dtype=getattr(torch, kit.dtype))
-    lens = short_context_lens(x.context_lens, next_n, ctx)
-    if lens_2d:
-        lens = lens[:, None] - next_n + torch.arange(1, next_n + 1, dtype=lens.dtype)[None, :]
-    x = replace(x, q=x.q.to(kit.device), kv_cache=x.kv_cache.to(kit.device),
-                weights=x.weights.to(kit.device), context_lens=lens.to(kit.device),
-                block_tables=x.block_tables.to(kit.device))
-    problem = Problem(batch * next_n, ctx, *hd)
-    case = kit.case(PAGED, f"batch={batch} next_n={next_n} context_lens={'[B, next_n]' if lens_2d else '[B]'}"
-                    f"={lens.tolist()} block_size={PAGED_BLOCK_SIZE} clean_logits={clean}", problem)
+    if kit.pair[0] != kit.pair[1]:
+        pytest.skip("the paged cache is uint8 and holds q's fp8 flavour: mixed pairs are a prefill matter")
+    sizes = large_sizes(kit.device)
+    batch, next_n, ctx = sizes.paged()
+    h, d = main_heads_dims(kit.spec, batch * next_n, ctx) or (32, 128)
+    problem = Problem(batch * next_n, ctx, h, d)
+    if kit.rejects(PAGED, problem):
+        return
+    _enough_memory(kit, 3 * batch * next_n * ctx * 4 + (2 ** sizes.bits) + (4 << 30))
+    sampled = large.paged_case(sizes, h, d, kit.dtypes[0], kit.device, kit.seed, PAGED_BLOCK_SIZE)
+    x = sampled.inputs
+    assert isinstance(x, PagedInputs)
+    case = kit.case(PAGED, f"large index: {sampled.what}", problem)
     provider = kit.provider(PAGED)
-    out = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean), kit.device,
-                        batch * next_n, ctx)
-    check_logits(out, x.reference(), case, clean=clean)
+    out, layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=True), kit.device)
+    _check_sampled(kit, sampled, out, case, True, layout)

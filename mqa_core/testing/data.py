@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..reference import fp8_mqa_logits_ref, fp8_paged_mqa_logits_ref
+from ..reference import fp8_mqa_logits_ref, fp8_paged_mqa_logits_ref, visible_lengths
 from ..spec import Problem
 
 #: Window patterns for prefill: what a caller might pass as (ks, ke).
@@ -24,6 +25,19 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     if denom == 0.0:
         return 0.0 if bool(torch.equal(a, b)) else float("inf")
     return 1.0 - 2.0 * float((a * b).sum()) / denom
+
+
+@functools.cache
+def _fp8_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).double().to(device)
+
+
+def exact(t: torch.Tensor) -> torch.Tensor:
+    """float64 copy of ``t`` on its device. The CPU converts every fp8 flavour; elsewhere fp8 goes
+    through a 256-entry table (exact, and independent of which conversions a device implements)."""
+    if t.device.type != "cpu" and t.element_size() == 1 and t.dtype.is_floating_point:
+        return _fp8_table(t.dtype, t.device)[t.view(torch.uint8).int()]
+    return t.double()
 
 
 def windows(kind: str, m: int, n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,9 +58,19 @@ def windows(kind: str, m: int, n: int, g: torch.Generator) -> tuple[torch.Tensor
     return ks.to(torch.int32), ke.to(torch.int32)
 
 
-def _fp8(shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+def _generator(seed: int | None) -> torch.Generator:
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()) if seed is None else seed)
+
+
+def _fp8(shape: tuple[int, ...], dtype: torch.dtype, g: torch.Generator, positive: bool = False) -> torch.Tensor:
     # Normal values, a few beyond 1, none exactly zero in practice; fnuz saturates at 240, fn at 448.
-    return (torch.randn(shape, generator=g) * 1.5).to(dtype)
+    x = torch.randn(shape, generator=g) * 1.5
+    return (x.abs() + 0.05 if positive else x).to(dtype)
+
+
+def _weights(m: int, h: int, g: torch.Generator, positive: bool) -> torch.Tensor:
+    w = torch.randn(m, h, generator=g) * (h ** -0.5)
+    return w.abs() + 0.01 if positive else w
 
 
 @dataclass(frozen=True)
@@ -77,22 +101,30 @@ class Inputs:
 
 def make_inputs(problem: Problem, *, device: Any = "cpu", window: str = "ragged",
                 dtype: torch.dtype = torch.float8_e4m3fn, seed: int | None = None,
-                k_scale_2d: bool = False) -> Inputs:
-    """Random inputs for ``problem``; ``seed=None`` draws a fresh seed (still reproducible per call)."""
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()) if seed is None else seed)
+                k_scale_2d: bool = False, k_dtype: torch.dtype | None = None,
+                positive: bool = False) -> Inputs:
+    """Random inputs for ``problem``; ``seed=None`` draws a fresh seed (still reproducible per call).
+
+    ``k_dtype`` gives k another fp8 flavour than q (a mixed pair); ``positive`` makes q, k and the
+    weights positive, so no sum cancels and every cell's error is measured against its own size.
+    """
+    g = _generator(seed)
     m, n, h, d = problem.m, problem.n, problem.h, problem.d
-    q, k = _fp8((m, h, d), dtype, g), _fp8((n, d), dtype, g)
+    q, k = _fp8((m, h, d), dtype, g, positive), _fp8((n, d), k_dtype or dtype, g, positive)
     k_scale = torch.rand(n, generator=g) * 0.9 + 0.1
     if k_scale_2d:
         k_scale = k_scale[:, None]
-    weights = torch.randn(m, h, generator=g) * (h ** -0.5)
+    weights = _weights(m, h, g, positive)
     ks, ke = windows(window, m, n, g)
     return Inputs(*(t.to(device) for t in (q, k, k_scale.contiguous(), weights, ks, ke)))
 
 
 @dataclass(frozen=True)
 class PagedInputs:
-    """One decode call's arguments: q [B, next_n, H, D], the paged cache and its tables."""
+    """One decode call's arguments: q [B, next_n, H, D], the paged cache and its tables.
+
+    The cache holds fp8 bytes of q's flavour (a uint8 tensor carries no flavour of its own).
+    """
 
     q: torch.Tensor
     kv_cache: torch.Tensor
@@ -110,23 +142,52 @@ class PagedInputs:
                                                        self.context_lens, self.block_tables))
         return fp8_paged_mqa_logits_ref(q, cache, w, lens, tables, self.max_context_len, fp8_dtype=q.dtype)
 
+    def visible(self) -> torch.Tensor:
+        """[B * next_n] int64: how many leading positions each query row sees (before the table's cap)."""
+        return visible_lengths(self.context_lens, self.q.shape[1])
+
+
+def paged_cache(values: torch.Tensor, scales: torch.Tensor, *, pad_bytes: int = 0, device: Any = None
+                ) -> torch.Tensor:
+    """DeepGEMM's block layout from values [blocks, block_size, D] fp8 and scales [blocks, block_size]
+    float32: [blocks, block_size, 1, D + 4] uint8, each block's D-byte keys then its scales.
+
+    ``pad_bytes`` > 0 leaves that many bytes after each block (a strided page pool, stride(0) larger
+    than block_size * (D + 4)), filled with 0xFF so a kernel that assumes contiguity reads NaN. The
+    pool is built on ``device`` (default: the values' device), so its strides survive.
+    """
+    blocks, block_size, d = values.shape
+    body = torch.cat([values.contiguous().view(torch.uint8).reshape(blocks, -1),
+                      scales.contiguous().view(torch.uint8).reshape(blocks, -1)], dim=1)
+    width = body.shape[1]
+    pool = torch.full((blocks, width + pad_bytes), 0xFF, dtype=torch.uint8, device=device or values.device)
+    pool[:, :width] = body.to(pool.device)
+    return pool[:, :width].view(blocks, block_size, 1, d + 4)
+
 
 def make_paged_inputs(batch: int, next_n: int, h: int, d: int, max_context_len: int, *,
                       block_size: int = 64, device: Any = "cpu", seed: int | None = None,
-                      dtype: torch.dtype = torch.float8_e4m3fn, lens_2d: bool = False) -> PagedInputs:
-    """A shuffled paged cache holding random keys; context lengths random in [next_n, max_context_len]."""
-    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()) if seed is None else seed)
+                      dtype: torch.dtype = torch.float8_e4m3fn, lens_2d: bool = False,
+                      context_lens: torch.Tensor | None = None, positive: bool = False,
+                      pool_pad_bytes: int = 0) -> PagedInputs:
+    """A shuffled paged cache holding random keys; context lengths random in [next_n, max_context_len].
+
+    ``lens_2d`` gives the same lengths as [B, next_n] (row j of sequence b sees lens[b]-next_n+j+1);
+    ``context_lens`` ([B] or [B, next_n] int) replaces the random lengths, e.g. arbitrary 2-D ones.
+    """
+    g = _generator(seed)
     max_blocks = -(-max_context_len // block_size)
     num_blocks = batch * max_blocks + 3
-    values = _fp8((num_blocks, block_size, d), dtype, g).view(torch.uint8)
-    scales = (torch.rand(num_blocks, block_size, generator=g) * 0.9 + 0.1).view(torch.uint8)
-    cache = torch.cat([values.reshape(num_blocks, -1), scales.reshape(num_blocks, -1)], dim=1)
-    cache = cache.reshape(num_blocks, block_size, 1, d + 4)
+    values = _fp8((num_blocks, block_size, d), dtype, g, positive)
+    scales = torch.rand(num_blocks, block_size, generator=g) * 0.9 + 0.1
+    cache = paged_cache(values, scales, pad_bytes=pool_pad_bytes, device=device)
     tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].reshape(batch, max_blocks)
     lens = torch.randint(next_n, max_context_len + 1, (batch,), generator=g)
     if lens_2d:
         lens = lens[:, None] - next_n + torch.arange(1, next_n + 1)[None, :]
-    q = _fp8((batch, next_n, h, d), dtype, g)
-    weights = torch.randn(batch * next_n, h, generator=g) * (h ** -0.5)
-    return PagedInputs(q.to(device), cache.to(device), weights.to(device),
+    if context_lens is not None:
+        lens = context_lens
+    q = _fp8((batch, next_n, h, d), dtype, g, positive)
+    weights = _weights(batch * next_n, h, g, positive)
+    return PagedInputs(q.to(device), cache, weights.to(device),
                        lens.to(torch.int32).to(device), tables.to(torch.int32).to(device), max_context_len)
