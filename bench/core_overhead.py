@@ -3,16 +3,19 @@ and the per-call host cost of the ops' dispatch (issue 14) with a provider whose
 
 Run: python bench/core_overhead.py [--json FILE] [--hot-only]. Prints a short table last.
 
-The per-call section installs a real provider distribution, ``mqa-bench-noop`` (provider ``noop``), into
-a temporary site directory (found through its entry point, as pip would lay it out), forces it with
-``MQA_PROVIDER=noop``, and times, interleaved in one run (median of rounds of back-to-back calls):
-``torch.empty`` of the output, the no-op kernel object alone, ``Provider.<op>``, ``mqa_core.<op>``,
-``torch.ops.mqa.<op>`` eager, and the op inside ``torch.compile(fullgraph=True)`` (default backend),
-for a prefill (M=128, N=2048, H=64, D=128) and a paged decode (B=32, next_n=2, H=64, D=128, context
-4096, block 64) call. Ratios are to ``torch.empty`` of the output. The compiled region's own fixed
-cost (dynamo's guards and frame, AOT's runtime wrappers) is measured with a compiled function that
-returns ``torch.empty`` of the output instead, and the op's cost inside a graph as the difference
-between a compiled function calling it twice and once.
+The per-call section installs a real provider distribution, ``mqa-bench-noop`` (provider ``noop``, whose
+kernels return an output preallocated for the shape), into a temporary site directory (found through
+its entry point, as pip would lay it out), forces it with ``MQA_PROVIDER=noop``, and times, interleaved
+in one run (median of rounds of back-to-back calls): ``torch.empty`` of the output, the no-op kernel
+object alone, ``Provider.<op>``, ``mqa_core.<op>``, ``torch.ops.mqa.<op>`` eager, and the op inside
+``torch.compile(fullgraph=True)`` (default backend, inductor), for a prefill (M=128, N=2048, H=64,
+D=128) and a paged decode (B=32, next_n=2, H=64, D=128, context 4096, block 64) call. Ratios are to
+``torch.empty`` of the output; "own" subtracts the kernel object's time first.
+
+A compiled function also pays the compiled region's own cost (dynamo's guards and frame, AOT's and
+inductor's runtime wrappers, per graph output). To tell it from the op's, the same is timed with a
+bare op of the same schema, registered the same way, whose body is only ``torch.empty``; and one more
+op in a region is timed as (four calls - one call) / 3, eager and compiled, for both ops.
 """
 
 from __future__ import annotations
@@ -322,8 +325,10 @@ def hot_path(number: int = 1000, rounds: int = 15) -> dict[str, Any]:
         res["paged"] = _measure("fp8_paged_mqa_logits", p, y.args(), 3, torch.ops.mqa.fp8_paged_mqa_logits,
                                 bare.paged, number, rounds)
         torch._dynamo.reset()
-    res["shapes"] = {"prefill": "M=%d N=%d H=%d D=%d" % PREFILL_SHAPE,
-                     "paged": "B=%d next_n=%d H=%d D=%d context=%d block=%d" % PAGED_SHAPE}
+    m, n, h, d = PREFILL_SHAPE
+    bs, nn, h2, d2, ctx, block = PAGED_SHAPE
+    res["shapes"] = {"prefill": f"M={m} N={n} H={h} D={d}",
+                     "paged": f"B={bs} next_n={nn} H={h2} D={d2} context={ctx} block={block}"}
     res["number"], res["rounds"] = number, rounds
     return res
 
