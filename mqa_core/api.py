@@ -94,8 +94,8 @@ def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", w
                                            full=s.settings.validate_full)
         provider = registry.provider_for(arch_of_device(q.device), "fp8_mqa_logits",
                                          (dtype_name(q.dtype), dtype_name(kv[0].dtype)), problem, s=s)
-        if key is not None:
-            remember(table, key, (problem, provider))  # type: ignore[arg-type]
+        if table is not None and key is not None:
+            remember(table, key, (problem, provider))
     else:
         problem, provider = hit
     # Selection matched the provider to q's arch, dtype pair and shape: validating again would only cost.
@@ -125,8 +125,8 @@ def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "
         name = dtype_name(q.dtype)
         provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits", (name, name),
                                          problem, s=s)
-        if key is not None:
-            remember(table, key, (problem, provider))  # type: ignore[arg-type]
+        if table is not None and key is not None:
+            remember(table, key, (problem, provider))
     else:
         problem, provider = hit
     return provider.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,

@@ -92,8 +92,8 @@ class Provider:
             self._require("fp8_mqa_logits")
             problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
                                                spec=self.spec, full=self._validate_full)
-            if key is not None:
-                remember(table, key, problem)  # type: ignore[arg-type]
+            if table is not None and key is not None:
+                remember(table, key, problem)
         return self.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
     def run_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
@@ -128,8 +128,8 @@ class Provider:
             self._require("fp8_paged_mqa_logits")
             problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
                                     clean_logits, spec=self.spec, full=self._validate_full)
-            if key is not None:
-                remember(table, key, problem)  # type: ignore[arg-type]
+            if table is not None and key is not None:
+                remember(table, key, problem)
         return self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
                                          max_context_len, clean_logits)
 
