@@ -252,6 +252,23 @@ def _callers(op: Any, bare: Any, vary: int) -> dict[str, Any]:
             "compiled4": four(op), "compiled_bare4": four(bare)}
 
 
+def guard_cost(compiled: Any, flat: tuple[Any, ...], number: int, rounds: int) -> float:
+    """ns per call of dynamo's guard evaluation for ``compiled``: its time with guards evaluated minus
+    its time under ``set_stance(skip_guard_eval_unsafe=True)``, rounds alternating."""
+    import torch
+
+    t = timeit.Timer("c(*flat)", globals={"c": compiled, "flat": flat})
+    on, off = [], []
+    for _ in range(rounds):
+        on.append(t.timeit(number) / number * 1e9)
+        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        try:
+            off.append(t.timeit(number) / number * 1e9)
+        finally:
+            torch.compiler.set_stance("default")
+    return statistics.median(on) - statistics.median(off)
+
+
 def _measure(op_name: str, p: Any, args: tuple[Any, ...], vary: int, op: Any, bare: Any,
              number: int, rounds: int) -> dict[str, Any]:
     import torch
@@ -286,6 +303,7 @@ def _measure(op_name: str, p: Any, args: tuple[Any, ...], vary: int, op: Any, ba
         "bare_op4": ("eager_bare4(*flat)", g),
         "compiled_bare4": ("compiled_bare4(*flat)", g),
     }, number, rounds)
+    r["guards"] = guard_cost(g["compiled"], flat, number, rounds)
     r["ratios"] = {k: r[k] / r["empty"] for k in LABELS if k != "empty"}
     r["core_ratios"] = {k: (r[k] - r["kernel"]) / r["empty"] for k in CORE_LEVELS}
     # One more op in a region, and what the mqa op costs beyond an op that only allocates: eager
@@ -348,6 +366,8 @@ def print_hot(res: dict[str, Any]) -> None:
                 cell += f" own {r['core_ratios'][k]:4.1f}x"
             cells.append(cell)
         print(f"{label:52} {cells[0]:>27} {cells[1]:>27}")
+    print("of a compiled call, dynamo's guard evaluation (time minus time with skip_guard_eval_unsafe): "
+          f"prefill {res['prefill']['guards'] / 1e3:.2f} us, paged {res['paged']['guards'] / 1e3:.2f} us")
     print("one more op in a region (us): mqa op eager / compiled; bare op eager / compiled; "
           "mqa op beyond the bare op eager / compiled")
     for shape in ("prefill", "paged"):
