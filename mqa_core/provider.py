@@ -1,8 +1,9 @@
 """A chosen provider: its spec, its loaded kernel object, and the ops with checks on both sides.
 
-Arguments are validated before the kernel runs; what the kernel returns is checked against the op's
-contract before the caller sees it (:mod:`mqa_core.result`), so a provider that returns a wrong
-shape, dtype or device, or a list, is named instead of passed on.
+Arguments are validated before the kernel runs (once per call signature: :mod:`mqa_core.memo`); what
+the kernel returns is checked against the op's contract on every call before the caller sees it
+(:mod:`mqa_core.result`), so a provider that returns a wrong shape, dtype or device, or a list, is
+named instead of passed on.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import validate
 from .errors import ProviderResultError
+from .memo import Signature, mqa_signature, paged_problem, paged_signature, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ class Provider:
     """What :func:`mqa_core.get_provider` returns. Calls are validated, passed to the kernel, and its
     result is checked."""
 
-    __slots__ = ("spec", "impl", "_validate_full", "_result")
+    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged")
 
     def __init__(self, spec: ProviderSpec, impl: Any, validate_full: bool = False) -> None:
         for op in spec.ops:
@@ -43,6 +45,10 @@ class Provider:
         self.impl = impl
         self._validate_full = validate_full
         self._result = result
+        # Signature -> problem, for the signatures this provider's checks have passed (mqa_core.memo);
+        # None under MQA_VALIDATE=full. The registry makes a new provider for each state.
+        self._passed_mqa: dict[Signature, Problem] | None = None if validate_full else {}
+        self._passed_paged: dict[Signature, Problem] | None = None if validate_full else {}
 
     @property
     def name(self) -> str:
@@ -74,9 +80,20 @@ class Provider:
                        weights: "torch.Tensor", cu_seqlen_ks: "torch.Tensor",
                        cu_seqlen_ke: "torch.Tensor", *, clean_logits: bool = True) -> "torch.Tensor":
         """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in [ks[m], ke[m])."""
-        self._require("fp8_mqa_logits")
-        problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
-                                           spec=self.spec, full=self._validate_full)
+        table = self._passed_mqa
+        key = problem = None
+        if table is not None:
+            try:
+                key = mqa_signature(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+                problem = table.get(key)
+            except Exception:  # not tensors where tensors belong: the checks below say what is wrong
+                key = None
+        if problem is None:
+            self._require("fp8_mqa_logits")
+            problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
+                                               spec=self.spec, full=self._validate_full)
+            if table is not None and key is not None:
+                remember(table, key, problem)
         return self.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
     def run_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
@@ -98,10 +115,21 @@ class Provider:
                              block_tables: "torch.Tensor", max_context_len: int, *,
                              clean_logits: bool = True) -> "torch.Tensor":
         """The decode variant over a paged fp8 cache (DeepGEMM's block layout)."""
-        self._require("fp8_paged_mqa_logits")
-        problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
-                                                 max_context_len, clean_logits, spec=self.spec,
-                                                 full=self._validate_full)
+        table = self._passed_paged
+        key = problem = None
+        if table is not None:
+            try:
+                key = paged_signature(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                      clean_logits)
+                problem = table.get(key)
+            except Exception:
+                key = None
+        if problem is None:
+            self._require("fp8_paged_mqa_logits")
+            problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                    clean_logits, spec=self.spec, full=self._validate_full)
+            if table is not None and key is not None:
+                remember(table, key, problem)
         return self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
                                          max_context_len, clean_logits)
 

@@ -4,7 +4,9 @@ A :class:`_State` is built once (settings parsed, plugins discovered) and replac
 :func:`reload`; it is never re-read midway: each request takes one snapshot (:func:`state`) and
 passes it down, so a concurrent ``reload()`` cannot mix two states in one answer. Its caches only
 grow (an entry, once written, never changes) and are written under one lock; reads on the per-call
-path are one dictionary lookup without the lock (a dict read is atomic in CPython).
+path are one dictionary lookup without the lock (a dict read is atomic in CPython). The exception is
+the per-signature memory of the ops' calls (:mod:`mqa_core.memo`): bounded, emptied when full, each
+write one atomic dict operation, so the per-call path never takes the lock.
 
 Fork: a child forked while another thread held the lock (discovering, or importing a kernel module)
 gets a fresh lock. A module that thread was importing is never imported again in the child: its
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from .decision import Decision
 from .discovery import Discovery, describe_error, discover, unknown_names
 from .errors import ProviderUnavailableError
+from .memo import Signature
 from .provider import Provider, load_object
 from .select import decide, preferred_order, run_check, shape_reason
 from .settings import Settings
@@ -58,6 +61,14 @@ class _State:
     fast: dict[tuple[object, str, object], Provider] = field(default_factory=dict)
     #: MQA_TUNING's table: orders the plan per shape bucket.
     tuning: Tuning | None = None
+    #: Call signature -> (problem, provider) for the public ops, bounded (see mqa_core.memo); None
+    #: under MQA_VALIDATE=full, where every call is checked.
+    mqa_calls: dict[Signature, tuple[Problem, Provider]] | None = None
+    paged_calls: dict[Signature, tuple[Problem, Provider]] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.settings.validate_full:
+            self.mqa_calls, self.paged_calls = {}, {}
 
 
 _lock = threading.RLock()

@@ -60,19 +60,28 @@ _LOAD = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 class Problem:
     """The sizes a call has, for shape limits: M queries, N keys, H heads, head dim D.
 
-    For the paged op, ``m`` is batch * next_n and ``n`` is max_context_len.
+    For the paged op, ``m`` is batch * next_n and ``n`` is max_context_len; a paged call's problem
+    also carries ``next_n`` (draft tokens per sequence) and ``block_size`` (tokens per cache block),
+    for shape limits and tuning buckets. Both are None where unknown (prefill, or a problem built by
+    hand): limits and lookups that need them then judge without.
     """
 
     m: int
     n: int
     h: int
     d: int
+    next_n: int | None = None
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         for k in ("m", "n", "h", "d"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"Problem.{k} must be a non-negative int, got {v!r}")
+        for k in ("next_n", "block_size"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise ValueError(f"Problem.{k} must be a positive int or None, got {v!r}")
 
     @classmethod
     def parse(cls, text: str) -> "Problem":
@@ -86,7 +95,8 @@ class Problem:
         return cls(m, n, h, d)
 
     def __str__(self) -> str:
-        return f"M={self.m},N={self.n},H={self.h},D={self.d}"
+        paged = "".join(f",{k}={v}" for k, v in (("next_n", self.next_n), ("block_size", self.block_size)) if v)
+        return f"M={self.m},N={self.n},H={self.h},D={self.d}{paged}"
 
 
 #: A runtime check: given the arch asked for, None when usable, else the reason it is not.

@@ -1,18 +1,23 @@
-"""The ops as PyTorch custom ops, ``torch.ops.mqa.*``, for torch.compile and CUDA graphs.
+"""The ops as PyTorch operators, ``torch.ops.mqa.*``, for torch.compile and CUDA graphs.
 
 Importing this module registers ``torch.ops.mqa.fp8_mqa_logits`` and
 ``torch.ops.mqa.fp8_paged_mqa_logits`` (once per process; ``import mqa_core`` alone never imports
 torch). :func:`register` is the explicit, idempotent spelling of that import.
 
 Each op is opaque to the compiler: dynamo records one call, the fake implementation tells it the
-output's shape, dtype and strides, and at run time the real implementation asks :mod:`mqa_core`
-for the provider (a cached dictionary lookup) and runs it. See ``docs/torch-compile.md``.
+output's shape, dtype and layout, and at run time the real implementation is :mod:`mqa_core`'s op
+(a signature lookup on a repeated call, then the provider). See ``docs/torch-compile.md``.
 
-The output layout is fixed by the op, not by the provider, because the fake must state the exact
-strides: ``[M, N]`` float32 whose rows are padded to a multiple of 16 floats (64 bytes), the
-layout the Triton kernels allocate, so their results pass through untouched. A provider that returns
-another layout (torch_ref's contiguous rows, when N is not a multiple of 16) is copied into it: one
-extra write and read of the logits, only on that provider's path.
+The ops are defined with ``torch.library.Library`` and their implementation registered for every
+backend (``CompositeExplicitAutograd``), not with ``torch.library.custom_op``: the latter wraps each
+call in Python layers (autograd, argument handling) that cost more host time than the whole core.
+
+**Layout.** The result is what the chosen provider returned, never copied: ``[M, N]`` float32, last
+dim contiguous, row stride any value ``>= N`` (the op's contract; DeepGEMM pads rows to
+``align(N + 256, 256)`` floats, AITER to 256, the Triton kernels to 16, torch_ref not at all). The
+fake states exactly that: a row stride that is a fresh data-dependent size (an unbacked SymInt, read
+from the real result at run time, checked ``>= N``), so a compiled graph holds whatever the provider
+chosen at run time returns, after a ``reload()`` too, with dynamic shapes, and in a CUDA graph.
 """
 
 from typing import Any
@@ -21,63 +26,79 @@ import torch
 
 from . import api
 
-__all__ = ["ROW_ALIGN", "fp8_mqa_logits", "fp8_paged_mqa_logits", "logits_layout", "register"]
+__all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "register"]
 
-#: The row stride of every logits tensor the ops return is N rounded up to this many floats.
-ROW_ALIGN = 16
+_PREFILL = ("fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor cu_seqlen_ks, "
+            "Tensor cu_seqlen_ke, *, bool clean_logits=True) -> Tensor")
+_PAGED = ("fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
+          "Tensor block_tables, SymInt max_context_len, *, bool clean_logits=True) -> Tensor")
 
-
-def logits_layout(m: Any, n: Any) -> tuple[tuple[Any, Any], tuple[Any, int]]:
-    """(size, stride) of an ``[m, n]`` logits tensor; works on ints and SymInts alike."""
-    return (m, n), ((n + ROW_ALIGN - 1) // ROW_ALIGN * ROW_ALIGN, 1)
-
-
-def _empty_logits(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
-    size, stride = logits_layout(m, n)
-    return like.new_empty_strided(size, stride, dtype=torch.float32)
+_lib = torch.library.Library("mqa", "DEF")  # kept alive here: the registrations last as long as it does
+_lib.define(_PREFILL)
+_lib.define(_PAGED)
 
 
-def _in_layout(out: torch.Tensor) -> torch.Tensor:
-    """``out`` itself when it already has the declared strides, else a copy that has them."""
-    size, stride = logits_layout(*out.shape)
-    if out.stride() == stride and out.storage_offset() == 0:
+def _rows(out: torch.Tensor) -> torch.Tensor:
+    """The provider's result as the fake describes it: ``out`` itself, as the result check has made
+    sure (last dim contiguous, row stride >= N), except in a degenerate shape where that check lets
+    one stride be anything (one row, or at most one column): then a view stating the same cells."""
+    m, n = out.shape
+    s0, s1 = out.stride()
+    if s1 == 1 and s0 >= n:
         return out
-    return _empty_logits(out, *size).copy_(out)
+    return out.as_strided((m, n), (max(s0, n), 1))
 
 
-@torch.library.custom_op("mqa::fp8_mqa_logits", mutates_args=())
-def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
-                   cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
-                   clean_logits: bool = True) -> torch.Tensor:
-    """:func:`mqa_core.fp8_mqa_logits` with ``kv`` passed as ``k, k_scale`` (a schema has no tuples)."""
-    out = api.fp8_mqa_logits(q, (k, k_scale), weights, cu_seqlen_ks, cu_seqlen_ke,
-                             clean_logits=clean_logits)
-    return _in_layout(out)
+def _prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+             cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *, clean_logits: bool = True) -> torch.Tensor:
+    return _rows(api.fp8_mqa_logits(q, (k, k_scale), weights, cu_seqlen_ks, cu_seqlen_ke,
+                                    clean_logits=clean_logits))
 
 
-@fp8_mqa_logits.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
-      cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
-      clean_logits: bool = True) -> torch.Tensor:
+def _paged(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+           block_tables: torch.Tensor, max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+    return _rows(api.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                          clean_logits=clean_logits))
+
+
+def _fake_logits(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
+    """``[m, n]`` float32 whose row stride is known at run time only (read from the result), >= n.
+
+    Without a shape environment (meta tensors, or a bare ``FakeTensorMode``) there is no compiled
+    code to read the strides, and the stride cannot be symbolic: contiguous rows are stated."""
+    try:
+        ctx = torch.library.get_ctx()
+    except RuntimeError:  # meta tensors: get_ctx() refuses outside a fake-tensor mode
+        return like.new_empty((m, n), dtype=torch.float32)
+    if getattr(ctx, "_shape_env", True) is None:
+        return like.new_empty((m, n), dtype=torch.float32)
+    row = ctx.new_dynamic_size()
+    torch._check(row >= n, lambda: "the logits' row stride is at least N")
+    return like.new_empty_strided((m, n), (row, 1), dtype=torch.float32)
+
+
+def _prefill_fake(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                  cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
+                  clean_logits: bool = True) -> torch.Tensor:
     torch._check(q.dim() == 3 and k.dim() == 2, lambda: "q must be [M, H, D] and k [N, D]")
-    return _empty_logits(q, q.shape[0], k.shape[0])
+    return _fake_logits(q, q.shape[0], k.shape[0])
 
 
-@torch.library.custom_op("mqa::fp8_paged_mqa_logits", mutates_args=())
-def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
-                         context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
-                         *, clean_logits: bool = True) -> torch.Tensor:
-    """:func:`mqa_core.fp8_paged_mqa_logits`: ``[B * next_n, max_context_len]`` float32."""
-    out = api.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                   int(max_context_len), clean_logits=clean_logits)
-    return _in_layout(out)
-
-
-@fp8_paged_mqa_logits.register_fake
-def _(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-      block_tables: torch.Tensor, max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+def _paged_fake(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                block_tables: torch.Tensor, max_context_len: Any, *, clean_logits: bool = True) -> torch.Tensor:
     torch._check(q.dim() == 4, lambda: "q must be [B, next_n, H, D]")
-    return _empty_logits(q, q.shape[0] * q.shape[1], max_context_len)
+    return _fake_logits(q, q.shape[0] * q.shape[1], max_context_len)
+
+
+# The fake first: it is also the Meta kernel, which must not be the backend-wide implementation.
+torch.library.register_fake("mqa::fp8_mqa_logits", _prefill_fake, lib=_lib)
+torch.library.register_fake("mqa::fp8_paged_mqa_logits", _paged_fake, lib=_lib)
+_lib.impl("fp8_mqa_logits", _prefill, "CompositeExplicitAutograd")
+_lib.impl("fp8_paged_mqa_logits", _paged, "CompositeExplicitAutograd")
+
+#: The operators themselves (``torch.ops.mqa.*``), callable with the ops' arguments.
+fp8_mqa_logits = torch.ops.mqa.fp8_mqa_logits
+fp8_paged_mqa_logits = torch.ops.mqa.fp8_paged_mqa_logits
 
 
 def register() -> Any:

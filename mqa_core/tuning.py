@@ -103,6 +103,9 @@ class Bucket:
 
     @classmethod
     def of(cls, op: str, problem: Problem, next_n: int | None = None) -> Bucket:
+        """The bucket of ``problem``; ``next_n`` defaults to the problem's own (a paged call's carries it)."""
+        if next_n is None:
+            next_n = problem.next_n
         return cls(op, problem.h, problem.d, bucket_range(bucket_index(problem.m)),
                    bucket_range(bucket_index(problem.n)), next_n if op == PAGED else None)
 

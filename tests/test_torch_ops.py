@@ -38,14 +38,25 @@ def test_register_is_idempotent_and_names_the_ops():
         ns.fp8_paged_mqa_logits.default._schema)
 
 
-@pytest.mark.parametrize("n", [45, 64])  # torch_ref's contiguous rows: copied (45) or passed through (64)
-def test_eager_op_matches_the_api_with_the_declared_layout(n):
+@pytest.mark.parametrize("n", [45, 64])
+def test_eager_op_returns_the_providers_result_in_its_own_layout(n):
+    """torch_ref returns contiguous rows: the op passes them on as they are, whatever N."""
     inp, args = prefill_args(n=n)
     out = torch.ops.mqa.fp8_mqa_logits(*args)
-    assert (tuple(out.shape), out.stride()) == torch_ops.logits_layout(7, n)
+    assert tuple(out.shape) == (7, n) and out.stride() == (n, 1)
     want = mqa_core.fp8_mqa_logits(*inp.args())
     assert torch.equal(out, want)
     assert calc_diff(out, inp.reference()) < 1e-6
+
+
+def test_meta_tensors_get_the_fake_with_contiguous_rows():
+    _, args = prefill_args(m=5, n=37)
+    out = torch.ops.mqa.fp8_mqa_logits(*[a.to("meta") for a in args])
+    assert out.device.type == "meta" and tuple(out.shape) == (5, 37) and out.dtype == torch.float32
+    paged = make_paged_inputs(2, 2, 16, 64, 100, seed=2)
+    out = torch.ops.mqa.fp8_paged_mqa_logits(*[a.to("meta") if isinstance(a, torch.Tensor) else a
+                                                for a in paged.args()])
+    assert out.device.type == "meta" and tuple(out.shape) == (4, 100)
 
 
 def test_inputs_untouched():
@@ -171,6 +182,164 @@ def test_forced_provider_after_compile_needs_reload_not_recompile(install_dist, 
     assert torch.equal(probed, plain * 2.0)
 
 
+# -- layout: the provider's result is never copied -------------------------------------------------
+
+LAYOUT_PROBE = """
+import torch
+from mqa_core import ProviderSpec, hookimpl
+from mqa_provider_torch_ref.kernels import KERNELS as REF
+
+#: Row stride = ceil((N + extra) / align) * align floats, the view starting at [row0, col0] of its
+#: buffer; or a degenerate layout the result check allows ("one row": [1, N] with row stride 1,
+#: "one column": [M, 1] with column stride M).
+LAYOUT = {"align": 256, "extra": 256, "row0": 0, "col0": 0, "degenerate": None}
+RETURNED = []
+
+
+def _lay_out(out):
+    m, n = out.shape
+    if LAYOUT["degenerate"] == "one row":
+        view = torch.empty(n, 1).T
+    elif LAYOUT["degenerate"] == "one column":
+        view = torch.empty(1, m).T
+    else:
+        a, r0, c0 = LAYOUT["align"], LAYOUT["row0"], LAYOUT["col0"]
+        row = -(-(n + LAYOUT["extra"] + c0) // a) * a
+        view = torch.full((m + r0, row), float("nan"))[r0:, c0:c0 + n]
+    view.copy_(out)
+    RETURNED.append(view)
+    return view
+
+
+class Kernels:
+    def fp8_mqa_logits(self, *args, **kwargs):
+        return _lay_out(REF.fp8_mqa_logits(*args, **kwargs))
+
+    def fp8_paged_mqa_logits(self, *args, **kwargs):
+        return _lay_out(REF.fp8_paged_mqa_logits(*args, **kwargs))
+
+
+KERNELS = Kernels()
+
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name="padded", ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs={"cpu"},
+                         dtypes={"float8_e4m3fn"}, priority=10, load="layout_probe:KERNELS")]
+"""
+
+#: (align, extra): DeepGEMM prefill align(N + 256, 256); AITER 256; the Triton kernels 16; torch_ref 1.
+LAYOUTS = {"deepgemm": (256, 256), "aiter": (256, 0), "triton": (16, 0), "contiguous": (1, 0)}
+
+
+@pytest.fixture
+def layout_probe(install_dist):
+    install_dist("layout-probe", "1.0", {"layout_probe.py": LAYOUT_PROBE},
+                 entry_points={"mqa_core.providers": {"padded": "layout_probe"}})
+    import layout_probe
+
+    return layout_probe
+
+
+def counting_inductor():
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs):
+        backend.compiles += 1
+        return compile_fx(gm, example_inputs)
+
+    backend.compiles = 0
+    return backend
+
+
+def assert_passed_on(out, probe, ref):
+    """``out`` is the provider's own result (same memory, same strides) and holds the right values."""
+    got = probe.RETURNED[-1]
+    assert (out.data_ptr(), out.stride(), out.shape) == (got.data_ptr(), got.stride(), got.shape)
+    assert calc_diff(out, ref) < 1e-9 and torch.equal(torch.isneginf(out), torch.isneginf(ref))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("layout", [*LAYOUTS, "offset"])
+def test_no_provider_layout_is_copied(layout_probe, layout, backend):
+    align, extra = LAYOUTS.get(layout, (256, 256))
+    layout_probe.LAYOUT.update(align=align, extra=extra, row0=2 if layout == "offset" else 0,
+                               col0=5 if layout == "offset" else 0)
+    torch._dynamo.reset()
+    fn = indexer_step if backend == "eager" else torch.compile(indexer_step, backend=backend, fullgraph=True)
+    for n in (45, 64):
+        inp, args = prefill_args(n=n, seed=n)
+        out = fn(*args)[1]
+        assert_passed_on(out, layout_probe, inp.reference())
+        if layout == "deepgemm":
+            assert out.stride() == (-(-(n + 256) // 256) * 256, 1)  # 512 for N=45 and N=64
+
+
+def test_one_graph_for_every_n_and_every_providers_layout(layout_probe, monkeypatch):
+    """The fake states a row stride read from the result at run time: dynamic N, a provider switched
+    by reload(), each with its own layout, all run the one compiled graph without a copy."""
+    backend = counting_inductor()
+    torch._dynamo.reset()
+    compiled = torch.compile(indexer_step, backend=backend, fullgraph=True, dynamic=True)
+    for n, layout in ((40, "deepgemm"), (53, "aiter"), (77, "triton"), (91, "contiguous")):
+        layout_probe.LAYOUT.update(align=LAYOUTS[layout][0], extra=LAYOUTS[layout][1])
+        inp, args = prefill_args(m=9, n=n, seed=n)
+        assert_passed_on(compiled(*args)[1], layout_probe, inp.reference())
+    monkeypatch.setenv("MQA_PROVIDER", "torch_ref")
+    mqa_core.reload()
+    inp, args = prefill_args(m=9, n=61, seed=61)
+    out = compiled(*args)[1]
+    assert out.stride() == (61, 1) and calc_diff(out, inp.reference()) < 1e-9
+    assert backend.compiles == 1
+
+
+def logits_and_max(q, k, k_scale, w, ks, ke):
+    logits = torch.ops.mqa.fp8_mqa_logits(q, k, k_scale, w, ks, ke)
+    return logits.amax(dim=-1), logits
+
+
+@pytest.mark.parametrize("degenerate, m, n", [("one row", 1, 45), ("one column", 7, 1)])
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_degenerate_layouts_become_views_with_the_stated_strides(layout_probe, degenerate, m, n, backend):
+    """One row (or one column) lets a provider's other stride be anything: the op returns a view of the
+    same memory whose last dim is contiguous and whose row stride is at least N, as the fake states."""
+    layout_probe.LAYOUT.update(degenerate=degenerate)
+    torch._dynamo.reset()
+    fn = logits_and_max if backend == "eager" else torch.compile(logits_and_max, backend=backend, fullgraph=True)
+    inp, args = prefill_args(m=m, n=n, seed=3)
+    out = fn(*args)[1]
+    assert out.stride(1) == 1 and out.stride(0) >= n and out.data_ptr() == layout_probe.RETURNED[-1].data_ptr()
+    assert calc_diff(out, inp.reference()) < 1e-9 or torch.isneginf(inp.reference()).all()
+    assert torch.equal(torch.isneginf(out), torch.isneginf(inp.reference()))
+
+
+def paged_logits(q, cache, w, lens, tables, max_len: int):
+    logits = torch.ops.mqa.fp8_paged_mqa_logits(q, cache, w, lens, tables, max_len)
+    return logits, logits.topk(4, dim=-1).indices
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_paged_op_passes_the_providers_layout_on(layout_probe, backend):
+    layout_probe.LAYOUT.update(align=256, extra=0)  # DeepGEMM's paged rows: align(align(N, 256), 256)
+    torch._dynamo.reset()
+    fn = paged_logits if backend == "eager" else torch.compile(paged_logits, backend=backend, fullgraph=True)
+    inp = make_paged_inputs(2, 2, 16, 64, 300, seed=7)
+    out = fn(*inp.args())[0]
+    assert out.stride() == (512, 1)
+    assert_passed_on(out, layout_probe, inp.reference())
+
+
+def test_compiled_op_with_torch_ref_matches_the_reference():
+    torch._dynamo.reset()
+    compiled = torch.compile(indexer_step, fullgraph=True)
+    for m, n in ((7, 45), (16, 128), (3, 9)):
+        inp, args = prefill_args(m=m, n=n, seed=m + n)
+        out = compiled(*args)[1]
+        ref = inp.reference()
+        assert calc_diff(out, ref) < 1e-9 or torch.isneginf(ref).all()
+        assert torch.equal(torch.isneginf(out), torch.isneginf(ref))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("op", ["fp8_mqa_logits", "fp8_paged_mqa_logits"])
@@ -212,3 +381,8 @@ def test_cuda_graph_capture_and_replay_match_eager(op):
     assert torch.equal(torch.isneginf(out.cpu()), torch.isneginf(ref))
     compiled = torch.compile(lambda *a: call(*a) * 1.0, fullgraph=True)
     assert torch.equal(compiled(*static), eager)
+    torch._dynamo.reset()  # inductor's CUDA graphs: the op's data-dependent row stride is captured too
+    graphed = torch.compile(lambda *a: call(*a) * 1.0, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        got = graphed(*static)
+    assert torch.equal(got, eager)

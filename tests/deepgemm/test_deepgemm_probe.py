@@ -43,15 +43,10 @@ def test_shapes_outside_the_limits(problem, says):
     assert reason.startswith("DeepGEMM's MQA-logits kernels do not take this shape")
 
 
-def test_block_size_is_judged_once_problems_carry_it():
-    class PagedProblem(Problem):
-        block_size: int = 0
-
-    p = PagedProblem(4, 4096, 64, 128)
-    object.__setattr__(p, "block_size", 16)
-    assert "paged block size 16 is not 64" in (shape_limits(p) or "")
-    object.__setattr__(p, "block_size", 64)
-    assert shape_limits(p) is None
+def test_block_size_is_judged_when_the_problem_carries_it():
+    assert "paged block size 16 is not 64" in (shape_limits(Problem(4, 4096, 64, 128, next_n=2, block_size=16)) or "")
+    assert shape_limits(Problem(4, 4096, 64, 128, next_n=2, block_size=64)) is None
+    assert shape_limits(Problem(4, 4096, 64, 128)) is None  # built without it: judged at call time
 
 
 # -- generations, from exports alone --------------------------------------------------------------

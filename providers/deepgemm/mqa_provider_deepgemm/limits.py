@@ -15,8 +15,9 @@ this provider declares (a problem carries no arch, so the sm_90 values, the narr
 Limits that are not shape limits, and what the adapter (``kernel.py``) does about each:
 
 - paged block size: 64 on sm_90 (``attention.hpp:308-309``, and the metadata ``:224``); 32 or 64 on
-  sm_100 in the fp8_fp4 generation; 64 in the legacy one. A problem does not carry the block size, so
-  a cache with another one is refused at call time, naming the sizes (:data:`BLOCK_SIZES`).
+  sm_100 in the fp8_fp4 generation; 64 in the legacy one. A paged call's problem carries its block size,
+  so shape limits pass a cache of another size to the next provider; the kernel object still refuses
+  one at call time (a bound provider, or a problem built without it), naming the sizes (:data:`BLOCK_SIZES`).
 - next_n: 1 or 2 on sm_90 (``sm90_fp8_mqa_logits.hpp:363``; the legacy generation everywhere). The
   adapter runs larger next_n in groups of :data:`MAX_NEXT_N`.
 - k_scale: exactly [N], contiguous float32 (``attention.hpp:136-139``): [N, 1] is passed as a view.
@@ -71,7 +72,7 @@ def shape_limits(problem: Problem) -> str | None:
         broken.append(f"M*H={m * h} overflows the int32 q descriptor size (< 2**31)")
     if n + 512 >= _INT32:
         broken.append(f"N={n} overflows the int32 logits row stride (N + 512 < 2**31)")
-    # Paged problems may one day carry the cache's block size (not part of Problem today).
+    # A paged call's problem carries the cache's block size (None: a problem built without it).
     block_size = getattr(problem, "block_size", None)
     if block_size and block_size not in COMMON_BLOCK_SIZES:
         broken.append(f"paged block size {block_size} is not {COMMON_BLOCK_SIZES[0]}")

@@ -1,0 +1,80 @@
+"""What a call signature has already passed: the per-call path's memory.
+
+A call's signature is everything the cheap argument checks and the choice of provider read: each
+tensor argument's type, shape, strides, dtype and device, and each other argument with its type (so
+``1`` is not mistaken for ``True``, nor ``5.0`` for ``5``). A signature that passed once is not checked
+again: the ops remember the :class:`~mqa_core.spec.Problem` the checks returned (and, for the public
+ops, the provider chosen for it) and reuse them. The checks themselves stay in :mod:`mqa_core.validate`,
+the one source of truth: a signature not seen yet is always judged by them, so every error and
+message is theirs, and a call that fails leaves nothing behind.
+
+Not remembered: anything under ``MQA_VALIDATE=full`` (its checks read values, which need a device
+sync and change between calls with the same signature), and calls whose signature cannot be built (an
+argument that is not a tensor where one belongs: the checks then say what is wrong).
+
+Tables belong to the registry's state (the public ops') or to a provider loaded in it (a bound
+provider's), so :func:`mqa_core.reload` drops them. Each holds at most :data:`MAX_SIGNATURES` entries;
+a full table is emptied and fills again. Every write is one dictionary operation, atomic on its own,
+so the per-call path takes no lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from . import validate
+from .spec import Problem, ProviderSpec
+
+__all__ = ["MAX_SIGNATURES", "Signature", "mqa_signature", "paged_problem", "paged_signature", "remember"]
+
+#: The most signatures one table remembers (engines send a handful of shapes per op).
+MAX_SIGNATURES = 1024
+
+Signature = tuple[Any, ...]
+V = TypeVar("V")
+
+
+def mqa_signature(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any) -> Signature:
+    """The prefill op's signature; raises (anything) when an argument is not tensor-like."""
+    k, k_scale = kv
+    return (type(kv), type(clean_logits), clean_logits,
+            type(q), q.shape, q.stride(), q.dtype, q.device,
+            type(k), k.shape, k.stride(), k.dtype, k.device,
+            type(k_scale), k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.device,
+            type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
+            type(ks), ks.shape, ks.stride(), ks.dtype, ks.device,
+            type(ke), ke.shape, ke.stride(), ke.dtype, ke.device)
+
+
+def paged_signature(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
+                    max_context_len: Any, clean_logits: Any) -> Signature:
+    """The paged op's signature (``max_context_len`` is the problem's N, so it is part of it; the
+    cache's start address modulo 4 too, since the checks require its float32 scales aligned)."""
+    return (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
+            type(q), q.shape, q.stride(), q.dtype, q.device,
+            type(kv_cache), kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+            kv_cache.data_ptr() & 3,
+            type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
+            type(context_lens), context_lens.shape, context_lens.stride(), context_lens.dtype,
+            context_lens.device,
+            type(block_tables), block_tables.shape, block_tables.stride(), block_tables.dtype,
+            block_tables.device)
+
+
+def remember(table: dict[Signature, V], key: Signature, value: V) -> None:
+    """``table[key] = value``, emptying a full table first (each step one atomic dict operation)."""
+    if len(table) >= MAX_SIGNATURES:
+        table.clear()
+    table[key] = value
+
+
+def paged_problem(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
+                  max_context_len: Any, clean_logits: Any, *, spec: ProviderSpec | None = None,
+                  full: bool = False) -> Problem:
+    """:func:`mqa_core.validate.paged_mqa_logits_args`, and the problem it returns completed with
+    ``next_n`` and ``block_size`` (which the checks have just established), for shape limits and
+    tuning buckets."""
+    problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
+                                             max_context_len, clean_logits, spec=spec, full=full)
+    return replace(problem, next_n=q.shape[1], block_size=kv_cache.shape[1])

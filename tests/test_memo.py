@@ -1,0 +1,315 @@
+"""The per-call memory (mqa_core.memo): a repeated call signature skips the argument checks and the
+choice of provider; a call whose signature differs in any way (strides, dtypes, devices, the clean
+flag, scalar types) is judged afresh and ends exactly as it would with nothing remembered; reload()
+forgets everything; MQA_VALIDATE=full checks every call, values included. Paged problems carry
+next_n and block_size, and tuning and shape limits use them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mqa_core
+from mqa_core import Problem, memo, registry, validate
+from mqa_core.testing import calc_diff, make_inputs, make_paged_inputs
+from mqa_core.tuning import Bucket, Entry, TuningTable, current_stamp, key_of
+
+PROBLEM = Problem(6, 40, 4, 64)
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """How many times each op's argument checks ran."""
+    count = {"mqa": 0, "paged": 0}
+    real_mqa, real_paged = validate.mqa_logits_args, validate.paged_mqa_logits_args
+
+    def mqa(*a, **k):
+        count["mqa"] += 1
+        return real_mqa(*a, **k)
+
+    def paged(*a, **k):
+        count["paged"] += 1
+        return real_paged(*a, **k)
+
+    monkeypatch.setattr(validate, "mqa_logits_args", mqa)
+    monkeypatch.setattr(validate, "paged_mqa_logits_args", paged)
+    return count
+
+
+def outcome(fn):
+    """What a call ends with: its exception's type and message, or the result's shape and values."""
+    try:
+        out = fn()
+    except Exception as exc:
+        return type(exc), str(exc)
+    return "ok", tuple(out.shape), out.double().nan_to_num(neginf=-1e300).sum().item()
+
+
+@pytest.fixture
+def x():
+    return make_inputs(PROBLEM, window="ragged", seed=3)
+
+
+def prefill(x, **change):
+    a = {"q": x.q, "kv": (x.k, x.k_scale), "weights": x.weights, "ks": x.ks, "ke": x.ke, "clean_logits": True}
+    a.update(change)
+    return a
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values and shape with other strides: the last dim of a wider buffer."""
+    wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 8, dtype=t.dtype)
+    wide[..., : t.shape[-1]] = t
+    return wide[..., : t.shape[-1]]
+
+
+PREFILL_VARIANTS = {
+    "k strided": lambda x: {"kv": (_strided(x.k), x.k_scale)},
+    "q other strides": lambda x: {"q": x.q.transpose(0, 1).contiguous().transpose(0, 1)},
+    "k_scale [N, 1]": lambda x: {"kv": (x.k, x.k_scale[:, None])},
+    "kv a list": lambda x: {"kv": [x.k, x.k_scale]},
+    "kv of three": lambda x: {"kv": (x.k, x.k_scale, x.k_scale)},
+    "weights float64": lambda x: {"weights": x.weights.double()},
+    "q fnuz": lambda x: {"q": x.q.view(torch.uint8).view(torch.float8_e4m3fnuz)},
+    "k_scale another dtype": lambda x: {"kv": (x.k, x.k_scale.view(torch.int32))},
+    "ke on meta": lambda x: {"ke": x.ke.to("meta")},
+    "all on meta": lambda x: {k: v.to("meta") if isinstance(v, torch.Tensor) else
+                              tuple(t.to("meta") for t in v) if isinstance(v, tuple) else v
+                              for k, v in prefill(x).items()},
+    "clean False": lambda x: {"clean_logits": False},
+    "clean 1": lambda x: {"clean_logits": 1},
+    "clean None": lambda x: {"clean_logits": None},
+    "q a list": lambda x: {"q": [1, 2]},
+    "q subclass": lambda x: {"q": torch.nn.Parameter(x.q, requires_grad=False)},
+}
+
+
+@pytest.mark.parametrize("variant", PREFILL_VARIANTS, ids=list(PREFILL_VARIANTS))
+@pytest.mark.parametrize("level", ["api", "provider"])
+def test_prefill_signature_that_differs_is_judged_afresh_with_the_same_result(x, checks, variant, level):
+    def call(**change):
+        a = prefill(x, **change)
+        fn = mqa_core.fp8_mqa_logits if level == "api" else mqa_core.get_provider("cpu").fp8_mqa_logits
+        return fn(a["q"], a["kv"], a["weights"], a["ks"], a["ke"], clean_logits=a["clean_logits"])
+
+    change = PREFILL_VARIANTS[variant](x)
+    unremembered = outcome(lambda: call(**change))
+    mqa_core.reload()
+    good = outcome(call)
+    assert good[0] == "ok" and outcome(call) == good
+    before = checks["mqa"]
+    assert outcome(lambda: call(**change)) == unremembered
+    assert checks["mqa"] == before + 1, "a signature not seen yet is checked"
+    assert outcome(call) == good and checks["mqa"] == before + 1, "the good one is still remembered"
+
+
+def test_a_repeated_call_is_checked_once_and_chooses_once(x, checks, monkeypatch):
+    chosen = []
+    real = registry.provider_for
+
+    def spy(*a, **k):
+        chosen.append(a[:3])
+        return real(*a, **k)
+
+    monkeypatch.setattr(registry, "provider_for", spy)
+    outs = [mqa_core.fp8_mqa_logits(*x.args()) for _ in range(5)]
+    assert checks["mqa"] == 1 and len(chosen) == 1
+    assert all(torch.equal(o, outs[0]) for o in outs) and calc_diff(outs[0], x.reference()) < 1e-9
+    p = mqa_core.get_provider("cpu")
+    for _ in range(3):
+        p.fp8_mqa_logits(*x.args())
+    assert checks["mqa"] == 2  # the bound provider remembers on its own (it also checks its arch and pairs)
+
+
+def test_reload_forgets_every_signature(x, checks):
+    mqa_core.fp8_mqa_logits(*x.args())
+    p = mqa_core.get_provider("cpu")
+    p.fp8_mqa_logits(*x.args())
+    s = registry.state()
+    assert len(s.mqa_calls) == 1 and len(p._passed_mqa) == 1
+    mqa_core.reload()
+    fresh = registry.state()
+    assert fresh is not s and fresh.mqa_calls == {} and fresh.paged_calls == {}
+    assert mqa_core.get_provider("cpu") is not p and mqa_core.get_provider("cpu")._passed_mqa == {}
+    before = checks["mqa"]
+    mqa_core.fp8_mqa_logits(*x.args())
+    assert checks["mqa"] == before + 1
+
+
+def test_reload_with_another_forced_provider_is_obeyed_for_a_remembered_signature(x, monkeypatch):
+    mqa_core.fp8_mqa_logits(*x.args())
+    assert {p.name for _, p in registry.state().mqa_calls.values()} == {"torch_ref"}
+    monkeypatch.setenv("MQA_PROVIDER", "example_chunked")
+    mqa_core.fp8_mqa_logits(*x.args())  # not reloaded: settings are read once
+    assert {p.name for _, p in registry.state().mqa_calls.values()} == {"torch_ref"}
+    mqa_core.reload()
+    mqa_core.fp8_mqa_logits(*x.args())
+    assert {p.name for _, p in registry.state().mqa_calls.values()} == {"example_chunked"}
+
+
+def test_full_validation_checks_every_call_and_its_values(x, checks, monkeypatch):
+    monkeypatch.setenv("MQA_VALIDATE", "full")
+    mqa_core.reload()
+    assert registry.state().mqa_calls is None and registry.state().paged_calls is None
+    p = mqa_core.get_provider("cpu")
+    for _ in range(3):
+        mqa_core.fp8_mqa_logits(*x.args())
+        p.fp8_mqa_logits(*x.args())
+    assert checks["mqa"] == 6
+    bad = x.k_scale.clone()
+    bad[5] = 0  # same signature, a value only a device sync sees
+    for fn in (mqa_core.fp8_mqa_logits, p.fp8_mqa_logits):
+        with pytest.raises(ValueError, match=r"k_scale must be > 0 everywhere \(MQA_VALIDATE=full\)"):
+            fn(x.q, (x.k, bad), x.weights, x.ks, x.ke)
+
+    y = make_paged_inputs(2, 2, 4, 64, 100, block_size=16, seed=1)
+    mqa_core.fp8_paged_mqa_logits(*y.args())
+    tables = y.block_tables.clone()
+    tables[0, 0] = 10_000
+    with pytest.raises(ValueError, match=r"block ids outside"):
+        mqa_core.fp8_paged_mqa_logits(y.q, y.kv_cache, y.weights, y.context_lens, tables, y.max_context_len)
+    assert checks["paged"] == 2
+
+
+def test_tables_are_bounded(monkeypatch, checks):
+    monkeypatch.setattr(memo, "MAX_SIGNATURES", 3)
+    for m in range(1, 8):
+        inp = make_inputs(Problem(m, 40, 4, 64), seed=m)
+        assert calc_diff(mqa_core.fp8_mqa_logits(*inp.args()), inp.reference()) < 1e-9
+        assert len(registry.state().mqa_calls) <= 3
+    assert checks["mqa"] == 7
+
+
+# -- the paged op ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def y():
+    return make_paged_inputs(2, 2, 4, 64, 100, block_size=16, seed=5)
+
+
+def paged(y, **change):
+    a = {"q": y.q, "kv_cache": y.kv_cache, "weights": y.weights, "context_lens": y.context_lens,
+         "block_tables": y.block_tables, "max_context_len": y.max_context_len, "clean_logits": True}
+    a.update(change)
+    return a
+
+
+def _padded_rows(cache: torch.Tensor) -> torch.Tensor:
+    """The cache's bytes with rows of D + 8 bytes: stride(1) is not D + 4 (no layout takes it)."""
+    nb, bs, _, d4 = cache.shape
+    wide = torch.zeros(nb, bs, 1, d4 + 4, dtype=cache.dtype)
+    wide[..., :d4] = cache
+    return wide[..., :d4]
+
+
+def _misaligned(cache: torch.Tensor) -> torch.Tensor:
+    """The same shape and strides, starting 1 byte into an aligned buffer: the scales misaligned."""
+    buf = torch.empty(cache.numel() + 4, dtype=cache.dtype)
+    out = buf[1:1 + cache.numel()].view(cache.shape)
+    return out.copy_(cache)
+
+
+PAGED_VARIANTS = {
+    "cache rows padded": lambda y: {"kv_cache": _padded_rows(y.kv_cache)},
+    "cache start misaligned": lambda y: {"kv_cache": _misaligned(y.kv_cache)},
+    "lens 2-D": lambda y: {"context_lens": y.context_lens[:, None].expand(2, 2).contiguous()},
+    "lens int64": lambda y: {"context_lens": y.context_lens.long()},
+    "tables strided": lambda y: {"block_tables": _strided(y.block_tables)},
+    "tables on meta": lambda y: {"block_tables": y.block_tables.to("meta")},
+    "weights float64": lambda y: {"weights": y.weights.double()},
+    "max_context_len + 1": lambda y: {"max_context_len": y.max_context_len + 1},
+    "max_context_len float": lambda y: {"max_context_len": float(y.max_context_len)},
+    "max_context_len True": lambda y: {"max_context_len": True},
+    "max_context_len -1": lambda y: {"max_context_len": -1},
+    "clean 0": lambda y: {"clean_logits": 0},
+    "clean False": lambda y: {"clean_logits": False},
+}
+
+
+@pytest.mark.parametrize("variant", PAGED_VARIANTS, ids=list(PAGED_VARIANTS))
+@pytest.mark.parametrize("level", ["api", "provider"])
+def test_paged_signature_that_differs_is_judged_afresh_with_the_same_result(y, checks, variant, level):
+    def call(**change):
+        a = paged(y, **change)
+        fn = (mqa_core.fp8_paged_mqa_logits if level == "api"
+              else mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits").fp8_paged_mqa_logits)
+        return fn(a["q"], a["kv_cache"], a["weights"], a["context_lens"], a["block_tables"], a["max_context_len"],
+                  clean_logits=a["clean_logits"])
+
+    change = PAGED_VARIANTS[variant](y)
+    unremembered = outcome(lambda: call(**change))
+    mqa_core.reload()
+    good = outcome(call)
+    assert good[0] == "ok" and outcome(call) == good
+    before = checks["paged"]
+    assert outcome(lambda: call(**change)) == unremembered
+    assert checks["paged"] == before + 1
+    assert outcome(call) == good and checks["paged"] == before + 1
+
+
+def test_paged_problems_carry_next_n_and_block_size(y):
+    mqa_core.fp8_paged_mqa_logits(*y.args())
+    (problem, provider), = registry.state().paged_calls.values()
+    assert problem == Problem(4, 100, 4, 64, next_n=2, block_size=16) and provider.name == "torch_ref"
+    p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
+    p.fp8_paged_mqa_logits(*y.args())
+    assert list(p._passed_paged.values()) == [problem]
+    assert str(problem) == "M=4,N=100,H=4,D=64,next_n=2,block_size=16"
+    assert key_of("fp8_paged_mqa_logits", problem)[-1] == 2
+
+
+def test_problem_refuses_bad_next_n_and_block_size():
+    for k, v in (("next_n", 0), ("block_size", -1), ("next_n", True), ("block_size", 1.5)):
+        with pytest.raises(ValueError, match=f"Problem.{k} must be a positive int or None"):
+            Problem(1, 1, 1, 1, **{k: v})
+    assert str(Problem(1, 2, 3, 4)) == "M=1,N=2,H=3,D=4"
+
+
+SLOW_PAGED = """
+from mqa_core import ProviderSpec, hookimpl
+from mqa_provider_torch_ref.kernels import KERNELS as REF
+
+CALLS = []
+
+class Kernels:
+    def fp8_paged_mqa_logits(self, *args, **kwargs):
+        CALLS.append(1)
+        return REF.fp8_paged_mqa_logits(*args, **kwargs)
+
+KERNELS = Kernels()
+
+@hookimpl
+def mqa_providers():
+    def limits(problem):
+        if problem.block_size is not None and problem.block_size != 16:
+            return f"block_size {problem.block_size} is not 16"
+        return None
+
+    return [ProviderSpec(name="other", ops={"fp8_paged_mqa_logits"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                         priority=-5, load="other_paged:KERNELS", shape_limits=limits)]
+"""
+
+
+def test_tuning_and_shape_limits_see_next_n_and_block_size(install_dist, tmp_path, monkeypatch):
+    """A decode table measured per next_n chooses per next_n; shape limits judge the block size."""
+    install_dist("other-paged", "1.0", {"other_paged.py": SLOW_PAGED},
+                 {"mqa_core.providers": {"other": "other_paged"}})
+    stamp = current_stamp(torch.device("cpu"), {"torch_ref": "mqa-provider-torch-ref", "other": "other-paged"})
+    entries = tuple(Entry(Bucket("fp8_paged_mqa_logits", 4, 64, (4, 8), (64, 128), nn), times)
+                    for nn, times in ((1, {"torch_ref": 1.0, "other": 2.0}), (2, {"torch_ref": 2.0, "other": 1.0})))
+    path = tmp_path / "t.json"
+    TuningTable(stamp, entries).write(str(path))
+    monkeypatch.setenv("MQA_TUNING", str(path))
+    mqa_core.reload()
+    calls = __import__("other_paged").CALLS
+
+    def chosen(next_n, block_size=16):
+        z = make_paged_inputs(4 // next_n, next_n, 4, 64, 100, block_size=block_size, seed=next_n)
+        before = len(calls)
+        out = mqa_core.fp8_paged_mqa_logits(*z.args())
+        assert calc_diff(out, z.reference()) < 1e-9
+        return "other" if len(calls) > before else "torch_ref"
+
+    assert chosen(2) == "other"
+    assert chosen(1) == "torch_ref"
+    assert chosen(2, block_size=32) == "torch_ref"  # its shape limits refuse this block size
