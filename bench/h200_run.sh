@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # One device call: run the named H200 scripts in order, each under its own time limit, logs to $OUT.
 # Usage: bash bench/h200_run.sh gluon:240 triton:200 paged:150 pytest:120
+# A script's arguments come from ARGS_<job>, e.g. ARGS_engine="--budget 90" bash bench/h200_run.sh engine:200
 set -u
-export PYTHONPATH=providers/gluon:providers/torch_ref:providers/flydsl:.${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python -m pip install --no-deps --no-build-isolation -q -e . -e providers/torch_ref -e providers/gluon >/dev/null 2>&1 \
-  || echo "editable install failed; using PYTHONPATH only"
+# Entry points need installed distributions. The packages declare SPDX license strings, which need
+# setuptools >= 77: a wheel of it may be carried in .wheels/ (the device machine has no index).
+ls .wheels/setuptools-*.whl >/dev/null 2>&1 && python -m pip install -q --no-index .wheels/setuptools-*.whl
+for dist in . providers/*/; do
+  python -m pip install --no-deps --no-build-isolation -q -e "$dist" >"$OUT/pip.log" 2>&1 \
+    || { echo "pip install -e $dist failed:"; tail -n 3 "$OUT/pip.log"; }
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 for job in "$@"; do
@@ -17,7 +22,7 @@ for job in "$@"; do
     prefill) cmd="python -m mqa_core.cli.main bench --preset prefill --providers ${PROVIDERS:-gluon,triton,torch_ref} --baseline triton --json $OUT/prefill.jsonl --plot $OUT/prefill.png" ;;
     prefill_noclean) cmd="python -m mqa_core.cli.main bench --preset prefill --no-clean --providers ${PROVIDERS:-gluon,triton} --baseline triton --json $OUT/prefill_noclean.jsonl" ;;
     decode) cmd="python -m mqa_core.cli.main bench --preset decode --providers ${PROVIDERS:-gluon,torch_ref} --json $OUT/decode.jsonl --plot $OUT/decode.png" ;;
-    *) cmd="python bench/h200_${name}.py" ;;
+    *) args="ARGS_${name}"; cmd="python bench/h200_${name}.py ${!args:-}" ;;  # e.g. ARGS_engine="--budget 90"
   esac
   echo "=== $name (limit ${limit}s): $cmd"
   timeout "$limit" $cmd >"$OUT/$name.log" 2>&1; rc=$?
