@@ -65,6 +65,9 @@ _ROW_ALIGN = 16
 _MAX_ROWS = 128
 #: Sequences the schedule scans per step (one int32 per thread of a 4-warp program).
 _SCHED = 128
+#: The pipelined loop warms L2 for a program's next sequence when the current segment has at most
+#: this many tiles (L2 holds ~10 us of streamed keys, so a longer segment would lose the lines).
+_NEXT_PF_TILES = tl.constexpr(48)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +164,7 @@ def _paged_kernel(
     NG: tl.constexpr, NUM_GROUPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
     SCHED: tl.constexpr, PREFETCH: tl.constexpr, ROW_DOTS: tl.constexpr,
     LENS_2D: tl.constexpr, CLEAN: tl.constexpr, KV_FNUZ: tl.constexpr, USE_TMA: tl.constexpr,
-    PIPE: tl.constexpr,
+    PIPE: tl.constexpr, NEXT_PF: tl.constexpr,
 ):
     # A work item is one tile of one (sequence, query-row group); groups exist only when
     # next_n * H exceeds one dot's N side (H = 128 with next_n >= 2).
@@ -239,6 +242,10 @@ def _paged_kernel(
             w = tl.load(w_ptr + (b * NEXT_N + r_j).to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
         out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
         table = bt_ptr + b.to(tl.int64) * stride_btb
+        if NEXT_PF:  # a short segment: the next sequence's start is near, warm L2 for it
+            if (v + 1 < v_end) & (t_hi - t_lo <= _NEXT_PF_TILES):
+                _prefetch_sequence(q_ptr, w_ptr, bt_ptr, v + 1, offs_r, stride_qb, stride_qn, stride_qh,
+                                   stride_wm, stride_btb, NEXT_N, H, H_PAD, NG, NUM_GROUPS)
 
         if not ROW_DOTS:  # one operand set for both helpers; the unused one is never read
             q0_t, w0, q1_t, w1 = q_t, w, q_t, w
@@ -434,6 +441,24 @@ def _prefetch_scales(kv_scales, blk, t, num_blocks, block_words, BS: tl.constexp
                                   dtype=tl.int32, is_pure=False, pack=1)
 
 
+def _prefetch_sequence(q_ptr, w_ptr, bt_ptr, v, offs_r, stride_qb, stride_qn, stride_qh, stride_wm, stride_btb,
+                       NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, NG: tl.constexpr,
+                       NUM_GROUPS: tl.constexpr):
+    """Ask L2 for what virtual sequence ``v`` starts with (its q rows and weights, the head of its
+    block-table row), so that its first loads, each waited for in turn, hit L2 (PTX only)."""
+    b = v // NUM_GROUPS
+    r_j = (v % NUM_GROUPS) * NG + offs_r // H_PAD
+    r_h = offs_r % H_PAD
+    ok = (r_j < NEXT_N) & (r_h < H)
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + tl.where(ok, r_j * stride_qn + r_h * stride_qh, 0)
+    w_rows = w_ptr + (b * NEXT_N + tl.where(ok, r_j, 0)).to(tl.int64) * stride_wm + tl.where(ok, r_h, 0)
+    head = bt_ptr + b.to(tl.int64) * stride_btb + offs_r * 0
+    for ptrs in tl.static_range(3):
+        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
+                                  [q_rows if ptrs == 0 else w_rows if ptrs == 1 else head],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
 def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.constexpr,
             D: tl.constexpr, TILE: tl.constexpr):
     """float32 [TILE] scales of tile ``t``: they follow the BS * D value bytes of each block. Ids out
@@ -451,7 +476,7 @@ def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.const
 
 
 _HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales, _keys,
-            _tile_out)
+            _tile_out, _prefetch_sequence)
 #: Runtime sizes: specialising on them would compile variants for no gain.
 _UNSPECIALIZED = ["num_seqs", "max_ctx", "covered", "num_blocks", "num_programs"]
 
@@ -541,13 +566,15 @@ class _Shape:
         return self.block_size % self.tile == 0 and self.d == self.d_pad <= 128
 
     def constexprs(self, cfg: PagedConfig, lens_2d: bool, clean: bool, kv_fnuz: bool,
-                   tma: bool, prefetch: int) -> dict[str, Any]:
+                   tma: bool, prefetch: int, ptx: bool = False) -> dict[str, Any]:
+        """``ptx``: an NVIDIA build (inline PTX prefetches allowed)."""
         return {"NEXT_N": self.next_n, "H": self.h, "H_PAD": self.h_pad, "D": self.d,
                 "D_PAD": self.d_pad, "NG": self.ng, "NUM_GROUPS": self.groups,
                 "BS": self.block_size, "TILE": self.tile, "SCHED": _SCHED,
                 "PREFETCH": prefetch, "ROW_DOTS": cfg.row_dots and self.ng == 2,
                 "LENS_2D": bool(lens_2d), "CLEAN": bool(clean),
-                "KV_FNUZ": bool(kv_fnuz), "USE_TMA": bool(tma), "PIPE": cfg.pipe}
+                "KV_FNUZ": bool(kv_fnuz), "USE_TMA": bool(tma), "PIPE": cfg.pipe,
+                "NEXT_PF": bool(ptx and cfg.pipe)}
 
 
 def _kv_descriptor(kv_cache: torch.Tensor, dtype: torch.dtype, shape: _Shape) -> Any:
@@ -782,7 +809,8 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     tma = cfg.tma and not kv_fnuz and _tma_usable(kv_cache, shape, arch)
     desc = _kv_descriptor(kv_cache, q.dtype, shape) if tma else None
     prefetch = cfg.prefetch if (not interpret and torch.version.hip is None) else 0  # PTX only
-    constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch)
+    ptx = not interpret and torch.version.hip is None
+    constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch, ptx)
     options = _options(cfg, nvidia=not interpret and torch.version.hip is None)
     strides = _strides(q, kv_cache, weights, context_lens, block_tables)
     if interpret:
@@ -826,7 +854,8 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
     shape = _Shape(next_n, h, d, block_size, cfg.tile)
     tma = cfg.tma and target.backend == "cuda" and shape.tma_ok()
     prefetch = cfg.prefetch if target.backend == "cuda" else 0
-    constexprs = {**shape.constexprs(cfg, lens_2d, clean_logits, kv_fnuz, tma, prefetch), "stride_clj": 1}
+    constexprs = {**shape.constexprs(cfg, lens_2d, clean_logits, kv_fnuz, tma, prefetch,
+                                     target.backend == "cuda"), "stride_clj": 1}
     if not lens_2d:
         constexprs["stride_clj"] = 0
     if not tma:
