@@ -213,6 +213,24 @@ def _paged_kernel(
     offs_g = tl.arange(0, NG)
     k_offs = offs_t[:, None] * D + offs_d[None, :]  # a tile's bytes inside its block
 
+    # -- the -inf tails: tiles past each context, shared out like the work; done first, so that
+    # none of its values stay live (in registers) through the work loop -----------------------
+    if CLEAN:
+        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
+        fv_end = tl.where(f_hi > f_lo, fb + 1, fa)
+        for v in range(fa, fv_end):
+            b = v // NUM_GROUPS
+            offs_j = (v % NUM_GROUPS) * NG + offs_g
+            j_ok = offs_j < NEXT_N
+            lens = _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+            n = tl.cdiv(tl.max(lens, axis=0), TILE)
+            i_lo = tl.where(v == fa, fta, 0)
+            i_hi = tl.where(v == fb, ftb + 1, t_max - n)
+            out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
+            for i in range(i_lo, i_hi):
+                pos = (n + i) * TILE + offs_t
+                tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+
     # -- the work: a tail of one sequence, whole sequences, a head of another ---------------------
     v_end = tl.where(w_hi > w_lo, vb + 1, va)
     for v in range(va, v_end):
@@ -224,6 +242,8 @@ def _paged_kernel(
         hi = tl.max(lens, axis=0)
         t_lo = tl.where(v == va, ta, 0)
         t_hi = tl.where(v == vb, tb + 1, tl.cdiv(hi, TILE))
+        if NEXT_PF:  # the first ids, asked of L2 before q (whose smem store the id copies wait for)
+            _prefetch_l2(bt_ptr + b.to(tl.int64) * stride_btb + (t_lo * TILE) // BS + offs_g * 0)
 
         # The dot's N side: r = query row * H_PAD + head; padded rows and heads load q = 0, weight 0.
         r_j = g * NG + offs_r // H_PAD
@@ -295,23 +315,6 @@ def _paged_kernel(
                           BS, D, D_PAD, TILE, KV_FNUZ, USE_TMA)
                 _tile_out(k, scale, blk_ok, pos, lens, max_ctx, j_ok, out_rows, q_t, w, q0_t, w0, q1_t, w1,
                           NG, H_PAD, TILE, BS, ROW_DOTS, KV_FNUZ)
-
-    # -- the -inf tails: tiles past each context, shared out like the work ------------------------
-    if CLEAN:
-        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
-        fv_end = tl.where(f_hi > f_lo, fb + 1, fa)
-        for v in range(fa, fv_end):
-            b = v // NUM_GROUPS
-            offs_j = (v % NUM_GROUPS) * NG + offs_g
-            j_ok = offs_j < NEXT_N
-            lens = _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-            n = tl.cdiv(tl.max(lens, axis=0), TILE)
-            i_lo = tl.where(v == fa, fta, 0)
-            i_hi = tl.where(v == fb, ftb + 1, t_max - n)
-            out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
-            for i in range(i_lo, i_hi):
-                pos = (n + i) * TILE + offs_t
-                tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
 
 
 def _keys(kv_vals, kv_desc, blk, blk_ok, t, pos, hi, k_offs, offs_d, d_ok, block_bytes, BS: tl.constexpr,
@@ -452,11 +455,15 @@ def _prefetch_sequence(q_ptr, w_ptr, bt_ptr, v, offs_r, stride_qb, stride_qn, st
     ok = (r_j < NEXT_N) & (r_h < H)
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + tl.where(ok, r_j * stride_qn + r_h * stride_qh, 0)
     w_rows = w_ptr + (b * NEXT_N + tl.where(ok, r_j, 0)).to(tl.int64) * stride_wm + tl.where(ok, r_h, 0)
-    head = bt_ptr + b.to(tl.int64) * stride_btb + offs_r * 0
-    for ptrs in tl.static_range(3):
-        tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l",
-                                  [q_rows if ptrs == 0 else w_rows if ptrs == 1 else head],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    _prefetch_l2(q_rows)
+    _prefetch_l2(w_rows)
+    _prefetch_l2(bt_ptr + b.to(tl.int64) * stride_btb + offs_r * 0)
+
+
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of the lines ``ptrs`` point into (no register result: nothing waits)."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.constexpr,
@@ -476,7 +483,7 @@ def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.const
 
 
 _HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales, _keys,
-            _tile_out, _prefetch_sequence)
+            _tile_out, _prefetch_sequence, _prefetch_l2)
 #: Runtime sizes: specialising on them would compile variants for no gain.
 _UNSPECIALIZED = ["num_seqs", "max_ctx", "covered", "num_blocks", "num_programs"]
 
