@@ -16,16 +16,17 @@ L2), so there is no prologue kernel, no schedule buffer and no host synchronisat
 one kernel of a fixed grid, capturable in a CUDA graph. The ``-inf`` tail of each row (``clean``) is
 shared out the same way, as a second flattened list.
 
-**Memory.** Keys are software-pipelined by the compiler (cp.async or TMA) ``num_stages - 1`` tiles
-ahead, addressed by block ids from a plain load one tile ahead. The per-position scales do not feed
-the dot, so the compiler does not pipeline them, and a carried value older than one iteration stops
-its pipelining: a scale load gets one iteration to arrive. The first kernel's H200 numbers are
-consistent with that wait setting the speed of next_n = 2, H = 64 (3 programs per SM x 8.4 KB per
-~1.3 us of loaded latency ~ 2.6 TB/s predicted, 2.49 measured; more key stages did not help). So the
-lines holding the scales of the tile ``prefetch`` ahead are requested into L1 with a
-``prefetch.global.L1`` (no register result, nothing waits on it) and the load one tile ahead finds
-them there. ``row_dots`` (next_n = 2) issues one dot per query row, the second made to wait for the
-first row's reduction, so a 128-register cap fits four programs per SM instead of three.
+**Memory.** Two tile loops. The first (``pipe = 0``): keys software-pipelined by the compiler
+``num_stages - 1`` tiles ahead from block ids carried one tile ahead, scales loaded one tile ahead
+(their lines prefetched to L1 ``prefetch`` tiles ahead). Its SASS shows why it stops near 1 us per
+tile and program: the compiler reloads the id of each key copy right before issuing it, and the
+carried loads are waited for one iteration later, so each iteration waits for global round trips.
+The pipelined loop (``pipe > 0``, ``tl.range(num_stages=pipe)``): plain per-tile loads of the id,
+the keys and the scales, all of which the loop attribute lets Triton pipeline (the ids one level of
+indirection ahead of the keys and scales); no load is waited for in the iteration that issues it.
+It warms L2 for the next sequence of a short segment. ``row_dots`` (next_n = 2) issues one dot per
+query row, the second made to wait for the first row's reduction, so a 128-register cap fits four
+programs per SM instead of three. docs/paged-op.md has the numbers.
 
 **Layout.** Cache block ``i`` starts ``kv_cache.stride(0)`` bytes after block ``i - 1`` (a strided
 page pool when that exceeds ``block_size * (D + 4)``) and holds ``block_size * D`` fp8 bytes
@@ -36,8 +37,9 @@ tile. On gfx942 (whose MFMA reads fp8 as e4m3fnuz) e4m3fn cache bytes are re-lab
 (same byte = half the value, see ``fp8.py``) and the scale doubled.
 
 **Host cost.** The first call of a signature (dtypes, shapes, 16-byte alignments, constexprs)
-compiles through ``triton.jit`` and keeps the compiled kernel and its grid; later calls allocate the
-output and call the compiled launcher directly, without Triton's argument binding.
+compiles through ``triton.jit`` and binds the compiled kernel (``launch.BoundKernel``) with its grid;
+later calls allocate the output and hand ints to Triton's C launcher (TMA descriptors encoded once
+per pool address and size), without Triton's argument binding.
 """
 
 from __future__ import annotations
