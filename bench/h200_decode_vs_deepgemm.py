@@ -391,7 +391,7 @@ def summary(shapes: list[dict], names: list[str], host_names: list[str], info: d
     copy = info.get("copy_GBps", {}).get("eager", float("nan"))
     short = {n: n.replace("triton:", "") for n in names}
     lines = [f"\n{info.get('device', '?')}  torch {info.get('torch', '?')}  triton {info.get('triton', '?')}",
-             info.get("deepgemm", ""),
+             info.get("deepgemm", "") + f"; mqa_core's op runs provider {info.get('mqa_core_provider', '?')}",
              f"copy bandwidth (read + write): {copy:.0f} GB/s eager copy_ (the %cp base); "
              f"{info.get('copy_GBps', {}).get('graph', float('nan')):.0f} GB/s when replayed from a graph"]
     checks = [(f"B={r['B']} C={r['C']} nn={r['next_n']} H={r['H']}", n, c)
@@ -537,13 +537,21 @@ def main() -> int:
                                    "compat": publics["compat"]}
     if dg is not None:
         host_impls["deepgemm"] = dg
+    try:
+        import mqa_core
+
+        chosen = mqa_core.get_provider(None if DEVICE == "cuda" else "cpu", op="fp8_paged_mqa_logits").name
+    except Exception as exc:  # reported, and the mqa_core column will show the error too
+        chosen = f"? ({type(exc).__name__}: {exc})"
+    log(f"mqa_core's op runs provider {chosen}")
     copy = copy_gbs()
     log(f"copy bandwidth {copy['eager']:.0f} GB/s (eager copy_, read + write); "
         f"{copy['graph']:.0f} GB/s replayed from a graph")
     with RUN.lock:
         RUN.names, RUN.host_names = list(impls), list(host_impls)
         RUN.info = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
-                    "deepgemm": dg_note, "copy_GBps": copy, "variants": variants, "argv": sys.argv[1:]}
+                    "deepgemm": dg_note, "copy_GBps": copy, "variants": variants, "argv": sys.argv[1:],
+                    "mqa_core_provider": chosen}
     g = torch.Generator(device=DEVICE).manual_seed(0)
     reason = "all shapes done"
     for batch, ctx in order:

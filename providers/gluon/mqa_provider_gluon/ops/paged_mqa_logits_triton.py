@@ -144,7 +144,7 @@ def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> 
 _MEASURED_BEST: dict[tuple[int, int], str] = {(1, 32): "tma", (1, 64): "tma", (2, 32): "tma", (2, 64): "rows"}
 
 
-#: Launch variants an H200 benchmark times side by side (``bench/h200_paged.py``).
+#: Launch variants the H200 benchmark times side by side (``bench/h200_decode_vs_deepgemm.py``).
 VARIANTS: dict[str, PagedConfig] = {
     "base": PagedConfig(),
     "rows": PagedConfig(row_dots=True, maxnreg=128),
