@@ -1,26 +1,35 @@
-"""Decode (paged fp8 MQA logits) on ragged batches: every Triton variant, mqa-core's public op and
-DeepGEMM, on the same inputs in one process. Checks, then times, then a table (last).
+"""Decode (paged fp8 MQA logits) on ragged batches: Triton variants, mqa-core's public op and DeepGEMM
+on the same inputs in one process. Checks, then times, then the tables (always printed, last).
 
-    cd <repo> && PYTHONPATH=providers/gluon:providers/torch_ref:. python bench/h200_decode_vs_deepgemm.py
-    # or: bash bench/h200_run.sh decode_vs_deepgemm:280       (--quick: 4 shapes; --budget S)
+    python bench/h200_decode_vs_deepgemm.py            # from the repo root, providers installed,
+                                                       # DeepGEMM on PYTHONPATH; < 150 s on an H200
+    --variants tma,pipe   Triton variants to time (default: DEFAULT_VARIANTS; "all": every one)
+    --budget S            no new (B, C) group after S seconds from process start (default 105)
+    --deadline S          at S seconds the tables are printed from what was measured and the process
+                          exits, even if a kernel hangs (default 140)
+    --quick               three (B, C) groups
 
-Inputs, as engines see them: B in {32, 128, 256} sequences whose contexts are uniform in
-[C/2, C] for C in {4k, 16k, 64k}, next_n in {1, 2}, H in {32, 64}, D = 128, a shuffled 64-token
-page pool, 2-D context lengths built by DeepGEMM's rule (row j sees ctx - next_n + j + 1), fp8
-values with a bounded exponent and float32 scales in [0.1, 1].
+Inputs, as engines see them: B in {32, 128, 256} sequences whose contexts are uniform in [C/2, C]
+for C in {4k, 16k, 64k}, next_n in {1, 2}, H in {32, 64}, D = 128, a shuffled 64-token page pool,
+2-D context lengths by DeepGEMM's rule (row j sees ctx - next_n + j + 1), fp8 values with a
+bounded exponent, float32 scales in [0.1, 1]. Groups run most telling first (ORDER), so a budget cut
+keeps those; within a group next_n = 2, H = 64 (the largest gap) first.
 
 Correctness, per shape and implementation: calc_diff < 1e-3 against an fp32 PyTorch computation
-(gather through the block table, upcast, matmul) on a sample of sequences, inside each row's
-context; for the Triton kernel also with clean_logits=True over the whole output, where the -inf
-mask must equal the contexts exactly. Outputs are poisoned (NaN) before the checked calls.
+(gather through the block table, upcast, matmul) on sampled sequences, inside each row's context;
+mqa-core's op also with clean_logits=True over the whole output, where the -inf mask must equal the
+contexts exactly. Outputs are poisoned (NaN) before the checked calls. DeepGEMM's schedule metadata
+is computed once per shape from that shape's lengths (outside the timed calls, as engines do).
 
 Speed: each implementation with clean_logits=False (DeepGEMM's only mode with 2-D lengths) replayed
 from a CUDA graph that calls it on R different caches in turn (R x bytes >= 256 MB, so the 50 MB L2
 cannot serve repeats), median of 15 replays / R. GB/s counts each sequence's visible positions
-rounded up to 64-token blocks x (D + 4) bytes read once, plus q, weights and the written logits;
-%bw is of 4250 GB/s (the measured copy bandwidth that issue 11's target refers to; the copy measured
-here is printed too). Host cost: microseconds per call of 300 back-to-back eager calls on the
-smallest shape (no sync inside; DeepGEMM's schedule metadata computed once outside, as engines do).
+rounded up to 64-token blocks x (D + 4) bytes read once, plus q, weights and the logits written;
+%cp is of the device copy bandwidth measured here (eager 2 GiB -> 2 GiB copy_, read + write
+counted, median of 9; a copy captured in a graph runs on a copy engine and reads ~35% lower).
+Host: microseconds per call of 40 back-to-back eager calls per shape (no sync inside; fewer calls
+than the launch queue holds, so the GPU never holds the host back) for mqa-core's op, the Triton
+kernel alone (its default config) and DeepGEMM (plus the compat layer in the host table).
 
 ``import deep_gemm`` may fail: then the DeepGEMM columns say so and everything else still runs.
 JSON with every number goes to $OUT/h200_decode_vs_deepgemm.json when $OUT is set.
@@ -28,47 +37,70 @@ JSON with every number goes to $OUT/h200_decode_vs_deepgemm.json when $OUT is se
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import sys
 import time
-import traceback
-from collections.abc import Callable
-from typing import Any
 
-import torch
+T_IMPORT = time.time()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
 
 D, BLOCK = 128, 64
-TARGET_GBS = 4250.0
-BATCHES, CONTEXTS, NEXT_NS, HEADS = (32, 128, 256), (4096, 16384, 65536), (1, 2), (32, 64)
-#: (B, C) in the order they are run: the most telling first, so a budget cut keeps them.
-ORDER = [(128, 16384), (256, 65536), (32, 4096), (32, 65536), (256, 4096), (128, 65536), (32, 16384),
+#: (B, C) groups in the order they run: the most telling first, so a budget cut keeps them.
+ORDER = [(128, 16384), (32, 4096), (256, 65536), (32, 65536), (256, 4096), (128, 65536), (32, 16384),
          (256, 16384), (128, 4096)]
-QUICK = [(128, 16384), (32, 4096)]
-#: ``--cpu-smoke``: the whole flow on the CPU (Triton interpreter, eager timing, tiny shapes), to
-#: check the script itself without a GPU.
-SMOKE = {"device": "cpu", "order": [(3, 300), (2, 130)], "host_shape": (2, 130)}
+QUICK = [(128, 16384), (32, 4096), (256, 65536)]
+#: (next_n, H) within a group: the largest gap to DeepGEMM first.
+KINDS = [(2, 64), (1, 32), (2, 32), (1, 64)]
+#: Triton variants timed by default: the current defaults and the pipelined loop.
+DEFAULT_VARIANTS = ("tma", "rows", "pipe", "pipetma", "piperows")
+#: ``--cpu-smoke``: the whole flow on the CPU (Triton interpreter, eager timing, tiny shapes).
+SMOKE = {"order": [(3, 300), (2, 130)]}
 DEVICE = "cuda"
-HOST_SHAPE = (32, 4096)
-T0 = time.time()
+HOST_CALLS = 40
+
+
+def process_start() -> float:
+    """When this process started (Linux /proc), else when this module was first imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        start = boot + ticks / os.sysconf("SC_CLK_TCK")
+        return start if start <= T_IMPORT else T_IMPORT
+    except (OSError, ValueError, StopIteration, IndexError):
+        return T_IMPORT
+
+
+T0 = process_start()
+
+
+def elapsed() -> float:
+    return time.time() - T0
 
 
 def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+    print(f"[{elapsed():6.1f}s] {msg}", flush=True)
 
 
 # -- inputs ----------------------------------------------------------------------------------------
 
 class Batch:
-    """One ragged batch: R page pools with the same contexts (for L2-proof timing) and its tables."""
+    """One ragged batch: R page pools with the same contexts (for L2-proof timing) and their tables."""
 
     def __init__(self, batch: int, ctx: int, device: str, g: torch.Generator, copies: int) -> None:
         self.batch, self.ctx = batch, ctx
-        lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g, device=device, dtype=torch.int32)
-        self.lens = lens
-        self.lens_host = lens.tolist()
+        self.lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g, device=device, dtype=torch.int32)
+        self.lens_host = self.lens.tolist()
         per_seq = -(-ctx // BLOCK)
         blocks = batch * per_seq + 3
         self.caches, self.tables = [], []
@@ -97,51 +129,63 @@ def copies_for(batch: int, ctx: int) -> int:
 
 
 # -- implementations -------------------------------------------------------------------------------
+# An implementation is bound once per shape (q, weights, lengths, max_context_len, clean) and then
+# called per cache: ``impl(q, w, lens, n, clean) -> call(cache, table) -> logits``. Binding per
+# shape is what keeps DeepGEMM's schedule metadata tied to the lengths it was computed from.
 
-Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, bool], torch.Tensor]
+Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Impl = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, bool], Call]
 
 
-def triton_impls() -> dict[str, Impl]:
+def triton_impls(names: list[str]) -> dict[str, Impl]:
     from mqa_provider_gluon.ops.paged_mqa_logits_triton import VARIANTS, fp8_paged_mqa_logits_triton
 
     def make(cfg: Any) -> Impl:
-        return lambda q, c, w, lens, t, n, clean: fp8_paged_mqa_logits_triton(q, c, w, lens, t, n, clean,
-                                                                              config=cfg)
+        def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+            return lambda c, t: fp8_paged_mqa_logits_triton(q, c, w, lens, t, n, clean, config=cfg)
+        return bind
 
-    return {f"triton:{name}": make(cfg) for name, cfg in VARIANTS.items()}
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
+    return {f"triton:{name}": make(VARIANTS[name]) for name in names}
+
+
+def kernel_impl() -> Impl:
+    """The Triton kernel alone with its default config (what mqa-core dispatches to on sm_90)."""
+    from mqa_provider_gluon.ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
+
+    def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+        return lambda c, t: fp8_paged_mqa_logits_triton(q, c, w, lens, t, n, clean)
+    return bind
 
 
 def public_impls() -> dict[str, Impl]:
     import mqa_core
     from mqa_core.compat import deep_gemm as compat
 
-    meta: dict[tuple[int, str], torch.Tensor] = {}
+    def core(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+        return lambda c, t: mqa_core.fp8_paged_mqa_logits(q, c, w, lens, t, n, clean_logits=clean)
 
-    def via_compat(q, c, w, lens, t, n, clean):  # noqa: ANN001, ANN202
-        key = (id(lens), str(lens.device))
-        if key not in meta:
-            meta[key] = compat.get_paged_mqa_logits_metadata(lens, BLOCK, 132)  # not read by it
-        return compat.fp8_paged_mqa_logits(q, c, w, lens, t, meta[key], n, clean)
+    def via_compat(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+        meta = compat.get_paged_mqa_logits_metadata(lens, BLOCK, 132)  # not read by mqa-core's kernels
+        return lambda c, t: compat.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
 
-    return {"mqa_core": lambda q, c, w, lens, t, n, clean: mqa_core.fp8_paged_mqa_logits(
-                q, c, w, lens, t, n, clean_logits=clean),
-            "compat": via_compat}
+    return {"mqa_core": core, "compat": via_compat}
 
 
 def deepgemm_impl() -> tuple[Impl | None, str]:
     try:
         import deep_gemm
     except Exception as exc:  # absent or broken build: say so, run the rest
-        return None, f"import deep_gemm failed: {type(exc).__name__}: {exc}"
+        return None, f"DeepGEMM: import deep_gemm failed: {type(exc).__name__}: {exc}"
     sms = deep_gemm.get_num_sms()
-    meta: dict[int, torch.Tensor] = {}
 
-    def run(q, c, w, lens, t, n, clean):  # noqa: ANN001, ANN202
-        if id(lens) not in meta:  # once per lengths tensor, outside the timed calls, as engines do
-            meta[id(lens)] = deep_gemm.get_paged_mqa_logits_metadata(lens, BLOCK, sms)
-        return deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, meta[id(lens)], n, clean)
+    def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+        meta = deep_gemm.get_paged_mqa_logits_metadata(lens, BLOCK, sms)  # from these very lengths
+        return lambda c, t: deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
 
-    return run, f"deep_gemm from {os.path.dirname(deep_gemm.__file__)}, {sms} SMs"
+    return bind, f"DeepGEMM from {os.path.dirname(deep_gemm.__file__)}, {sms} SMs"
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -154,19 +198,19 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
     return 0.0 if denom == 0 else 1.0 - 2.0 * float((x * y).sum()) / denom
 
 
-def oracle_rows(bt: Batch, copy: int, q: torch.Tensor, w: torch.Tensor, lens2: torch.Tensor,
+def oracle_rows(bt: Batch, q: torch.Tensor, w: torch.Tensor, lens2: torch.Tensor,
                 seqs: list[int]) -> dict[int, torch.Tensor]:
-    """fp32 logits [next_n, ctx] of the sampled sequences, -inf outside each row's context."""
+    """fp32 logits [next_n, ctx] of the sampled sequences (cache copy 0), -inf outside each row's context."""
     from mqa_core.reference import split_paged_cache
 
-    values, scales = split_paged_cache(bt.caches[copy])
+    values, scales = split_paged_cache(bt.caches[0])
     values = values.view(torch.float8_e4m3fn)
     next_n, h = q.shape[1], q.shape[2]
     rows = {}
     for b in seqs:
         n = int(lens2[b].max())
         pos = torch.arange(max(n, 0), device=q.device)
-        blk, off = bt.tables[copy][b, pos // BLOCK].long(), pos % BLOCK
+        blk, off = bt.tables[0][b, pos // BLOCK].long(), pos % BLOCK
         k = values[blk, off].float()
         s = (q[b].float().reshape(next_n * h, D) @ k.T).relu_().view(next_n, h, -1)
         res = torch.einsum("jhn,jh->jn", s, w[b * next_n:(b + 1) * next_n]) * scales[blk, off][None, :]
@@ -235,10 +279,11 @@ def graph_us(calls: list[Callable[[], Any]]) -> float:
     return statistics.median(times)
 
 
-def host_us(call: Callable[[], Any], n: int = 300) -> float:
+def host_us(call: Callable[[], Any]) -> float:
+    """Host microseconds per call of back-to-back eager calls (no sync inside)."""
     sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
-    n = n if DEVICE == "cuda" else 2
-    for _ in range(20 if DEVICE == "cuda" else 1):
+    n = HOST_CALLS if DEVICE == "cuda" else 2
+    for _ in range(5 if DEVICE == "cuda" else 1):
         call()
     sync()
     t = time.perf_counter()
@@ -249,44 +294,81 @@ def host_us(call: Callable[[], Any], n: int = 300) -> float:
     return per
 
 
-def copy_gbs() -> float:
+def copy_gbs() -> dict[str, float]:
+    """Device copy bandwidth, read + written bytes: eager copy_ of 2 GiB into 2 GiB, median of 9
+    (the base of %cp), and the same copy replayed from a graph (slower: for the record)."""
     if DEVICE == "cpu":
-        return float("nan")
-    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+        return {"eager": float("nan"), "graph": float("nan")}
+    n = 2**31
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    return 2 * 2**30 / (graph_us([lambda: dst.copy_(src)]) * 1e-6) / 1e9
+    src.fill_(1)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(9):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    eager = 2 * n / statistics.median(times) / 1e9
+    graph = 2 * n / (graph_us([lambda d=dst, s=src: d.copy_(s)]) * 1e-6) / 1e9
+    del src, dst
+    torch.cuda.empty_cache()
+    return {"eager": eager, "graph": graph}
 
 
 # -- the run ---------------------------------------------------------------------------------------
 
-def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], g: torch.Generator) -> dict:
+class Run:
+    """Everything measured so far (read by the deadline watchdog, so it can print the tables)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.info: dict[str, Any] = {}
+        self.shapes: list[dict] = []
+        self.names: list[str] = []
+        self.host_names: list[str] = []
+        self.printed = False
+
+
+RUN = Run()
+
+
+def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls: dict[str, Impl],
+              g: torch.Generator) -> dict:
     q = (torch.randn(bt.batch, next_n, h, D, generator=g, device=DEVICE) * 1.5).to(torch.float8_e4m3fn)
     w = torch.randn(bt.batch * next_n, h, generator=g, device=DEVICE) * h ** -0.5
     lens2 = bt.lens_2d(next_n)
     tag = f"B={bt.batch} C={bt.ctx} next_n={next_n} H={h}"
     seqs = sorted({0, bt.batch - 1, int(torch.argmax(bt.lens)), int(torch.argmin(bt.lens)), bt.batch // 2})
-    rows = oracle_rows(bt, 0, q, w, lens2, seqs)
+    rows = oracle_rows(bt, q, w, lens2, seqs)
     m, n = bt.batch * next_n, bt.ctx
     res: dict[str, Any] = {"B": bt.batch, "C": bt.ctx, "next_n": next_n, "H": h,
-                           "bytes": bt.nbytes(next_n, h), "copies": len(bt.caches), "impls": {}}
-    for name, fn in impls.items():
+                           "bytes": bt.nbytes(next_n, h), "copies": len(bt.caches), "impls": {}, "host_us": {}}
+    with RUN.lock:
+        RUN.shapes.append(res)
+    for name, impl in impls.items():
         r: dict[str, Any] = {}
+        res["impls"][name] = r
         try:
-            out = poisoned_call(lambda fn=fn: fn(q, bt.caches[0], w, lens2, bt.tables[0], n, False), m, n)
+            call = impl(q, w, lens2, n, False)
+            out = poisoned_call(lambda call=call: call(bt.caches[0], bt.tables[0]), m, n)
             r["check"] = check(out, rows, lens2, clean=False)
-            if name == "triton:base":  # the whole -inf mask, once per shape
-                out = poisoned_call(lambda fn=fn: fn(q, bt.caches[0], w, lens2, bt.tables[0], n, True), m, n)
+            if name == "mqa_core":  # the whole -inf mask, once per shape
+                clean = impl(q, w, lens2, n, True)
+                out = poisoned_call(lambda clean=clean: clean(bt.caches[0], bt.tables[0]), m, n)
                 r["check_clean"] = check(out, rows, lens2, clean=True)
             del out
-            calls = [lambda fn=fn, c=c, t=t: fn(q, c, w, lens2, t, n, False)
-                     for c, t in zip(bt.caches, bt.tables)]
-            r["graph_us"] = graph_us(calls)
+            r["graph_us"] = graph_us([lambda call=call, c=c, t=t: call(c, t)
+                                      for c, t in zip(bt.caches, bt.tables)])
             r["GBps"] = res["bytes"] / (r["graph_us"] * 1e-6) / 1e9
-            r["pct_target"] = 100 * r["GBps"] / TARGET_GBS
         except Exception as exc:
             traceback.print_exc()
             r["error"] = f"{type(exc).__name__}: {exc}"[:300]
-        res["impls"][name] = r
         ok = r.get("check", {}).get("ok")
         log(f"{tag} {name:18s} " + (f"{r['graph_us']:9.1f} us {r['GBps']:6.0f} GB/s ok={ok}"
                                     if "graph_us" in r else r.get("error", "")))
@@ -294,121 +376,197 @@ def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], g: torch.G
     for r in res["impls"].values():
         if dg and "graph_us" in r:
             r["vs_deepgemm"] = dg / r["graph_us"]
+    for name, impl in host_impls.items():
+        try:
+            call = impl(q, w, lens2, n, False)
+            res["host_us"][name] = host_us(lambda call=call: call(bt.caches[0], bt.tables[0]))
+        except Exception as exc:
+            log(f"host cost {name}: {type(exc).__name__}: {exc}")
+    log(f"{tag} host us/call: " + " ".join(f"{k} {v:.1f}" for k, v in res["host_us"].items()))
     return res
 
 
-def measure_host(bt: Batch, impls: dict[str, Impl], g: torch.Generator) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for next_n in NEXT_NS:
-        for h in HEADS:
-            q = (torch.randn(bt.batch, next_n, h, D, generator=g, device=DEVICE)).to(torch.float8_e4m3fn)
-            w = torch.randn(bt.batch * next_n, h, generator=g, device=DEVICE)
-            lens2 = bt.lens_2d(next_n)
-            for name, fn in impls.items():
-                try:
-                    us = host_us(lambda fn=fn: fn(q, bt.caches[0], w, lens2, bt.tables[0], bt.ctx, False))
-                except Exception as exc:
-                    log(f"host cost {name}: {type(exc).__name__}: {exc}")
-                    continue
-                out.setdefault(name, {})[f"next_n={next_n} H={h}"] = us
-    return out
-
-
-def print_table(results: list[dict], host: dict[str, dict[str, float]], names: list[str], copy: float,
-                dg_note: str) -> None:
+def summary(shapes: list[dict], names: list[str], host_names: list[str], info: dict) -> str:
+    """The tables: per shape, then per implementation, then per (next_n, H) class, then host cost."""
+    copy = info.get("copy_GBps", {}).get("eager", float("nan"))
     short = {n: n.replace("triton:", "") for n in names}
-    print(f"\n{dg_note}")
-    print(f"device copy: {copy:.0f} GB/s; %bw below is of {TARGET_GBS:.0f} GB/s")
+    lines = [f"\n{info.get('device', '?')}  torch {info.get('torch', '?')}  triton {info.get('triton', '?')}",
+             info.get("deepgemm", "") + f"; mqa_core's op runs provider {info.get('mqa_core_provider', '?')}",
+             f"copy bandwidth (read + write): {copy:.0f} GB/s eager copy_ (the %cp base); "
+             f"{info.get('copy_GBps', {}).get('graph', float('nan')):.0f} GB/s when replayed from a graph"]
     checks = [(f"B={r['B']} C={r['C']} nn={r['next_n']} H={r['H']}", n, c)
-              for r in results for n, i in r["impls"].items()
+              for r in shapes for n, i in r["impls"].items()
               for c in (i.get("check"), i.get("check_clean")) if c]
     bad = [(s, n, c) for s, n, c in checks if not c["ok"]]
-    print(f"correctness: {len(checks) - len(bad)}/{len(checks)} checks ok"
-          + "".join(f"\n  FAILED {s} {n}: {c}" for s, n, c in bad))
-    if host:
-        print(f"\nhost us per eager call (B, C = {HOST_SHAPE}; mean over the four next_n/H):")
-        base = statistics.mean(host["deepgemm"].values()) if "deepgemm" in host else None
-        for n in names:
-            if n in host:
-                us = statistics.mean(host[n].values())
-                print(f"  {short[n]:12s} {us:7.1f} us" + (f"   {us / base:4.2f}x DeepGEMM" if base else ""))
-    head = f"\n{'B':>4} {'C':>6} {'nn':>2} {'H':>3} " + " ".join(f"{short[n][:10]:>17s}" for n in names)
-    print(head + "\n" + " " * 19 + " ".join(f"{'us  %bw  xDG':>17s}" for _ in names))
-    for r in results:
+    errors = [(f"B={r['B']} C={r['C']} nn={r['next_n']} H={r['H']}", n, i["error"])
+              for r in shapes for n, i in r["impls"].items() if "error" in i]
+    lines.append(f"correctness: {len(checks) - len(bad)}/{len(checks)} checks ok"
+                 + "".join(f"\n  FAILED {s} {n}: {c}" for s, n, c in bad)
+                 + "".join(f"\n  ERROR {s} {n}: {e}" for s, n, e in errors))
+    others = [n for n in names if n != "deepgemm"]
+    lines.append("\nper shape: GB/s, x DeepGEMM (>1 faster), % of copy bandwidth; host us per eager call")
+    head = f"{'B':>4} {'C':>6} {'nn':>2} {'H':>3} {'DG GB/s':>7} " + " ".join(f"{short[n][:14]:>15s}" for n in others)
+    head += "  " + " ".join(f"{h[:8]:>8s}" for h in host_names)
+    lines.append(head)
+    for r in shapes:
+        dg = r["impls"].get("deepgemm", {})
         cells = []
-        for n in names:
+        for n in others:
             i = r["impls"].get(n, {})
-            if "graph_us" in i:
+            if "GBps" in i:
                 ratio = f"{i['vs_deepgemm']:4.2f}" if "vs_deepgemm" in i else "   -"
-                cells.append(f"{i['graph_us']:7.1f} {i['pct_target']:3.0f} {ratio}")
+                cells.append(f"{i['GBps']:5.0f} {ratio} {100 * i['GBps'] / copy:3.0f}")
             else:
-                cells.append(f"{'error' if 'error' in i else '-':>17s}")
-        print(f"{r['B']:4d} {r['C']:6d} {r['next_n']:2d} {r['H']:3d} " + " ".join(f"{c:>17s}" for c in cells))
-    for n in names:
-        ratios = [r["impls"][n]["vs_deepgemm"] for r in results if "vs_deepgemm" in r["impls"].get(n, {})]
-        pcts = [r["impls"][n]["pct_target"] for r in results
-                if r["next_n"] == 1 and "pct_target" in r["impls"].get(n, {})]
-        vs = (f"vs DeepGEMM min {min(ratios):.2f}x median {statistics.median(ratios):.2f}x"
-              if ratios else "vs DeepGEMM -")
-        bw = f"next_n=1 %bw min {min(pcts):.0f}% median {statistics.median(pcts):.0f}%" if pcts else ""
-        print(f"  {short[n]:12s} {vs}; {bw}")
+                cells.append("error" if "error" in i else "-")
+        host = " ".join(f"{r['host_us'][h]:8.1f}" if h in r["host_us"] else f"{'-':>8s}" for h in host_names)
+        dg_cell = f"{dg['GBps']:7.0f}" if "GBps" in dg else f"{'-':>7s}"
+        lines.append(f"{r['B']:4d} {r['C']:6d} {r['next_n']:2d} {r['H']:3d} {dg_cell} "
+                     + " ".join(f"{c:>15s}" for c in cells) + "  " + host)
+    lines.append("\nper implementation (x DeepGEMM over the shapes; % of copy bandwidth at next_n = 1):")
+    for n in others:
+        ratios = [r["impls"][n]["vs_deepgemm"] for r in shapes if "vs_deepgemm" in r["impls"].get(n, {})]
+        pcts = [100 * r["impls"][n]["GBps"] / copy for r in shapes
+                if r["next_n"] == 1 and "GBps" in r["impls"].get(n, {})]
+        vs = (f"x DG min {min(ratios):.2f} median {statistics.median(ratios):.2f} "
+              f">=1.0 on {sum(x >= 1.0 for x in ratios)}/{len(ratios)}" if ratios else "x DG -")
+        bw = f"; next_n=1 %cp min {min(pcts):.0f} median {statistics.median(pcts):.0f}" if pcts else ""
+        lines.append(f"  {short[n]:12s} {vs}{bw}")
+    lines.append("\nbest Triton variant per (next_n, H) class (geomean x DeepGEMM over the class's shapes):")
+    variants = [n for n in names if n.startswith("triton:")]
+    for nn, h in sorted({(r["next_n"], r["H"]) for r in shapes}):
+        cls = [r for r in shapes if (r["next_n"], r["H"]) == (nn, h)]
+        scores = {}
+        for n in variants:
+            ratios = [r["impls"][n]["vs_deepgemm"] for r in cls if "vs_deepgemm" in r["impls"].get(n, {})]
+            if ratios and len(ratios) == len(cls):
+                scores[short[n]] = statistics.geometric_mean(ratios)
+        ranked = sorted(scores.items(), key=lambda kv: -kv[1])
+        lines.append(f"  next_n={nn} H={h}: " + ", ".join(f"{k} {v:.2f}" for k, v in ranked))
+    lines.append("\neager host us per call (mean over shapes; per (next_n, H) class):")
+    for hname in host_names:
+        vals = [r["host_us"][hname] for r in shapes if hname in r["host_us"]]
+        if not vals:
+            continue
+        per_cls = {}
+        for nn, h in sorted({(r["next_n"], r["H"]) for r in shapes}):
+            v = [r["host_us"][hname] for r in shapes if (r["next_n"], r["H"]) == (nn, h) and hname in r["host_us"]]
+            if v:
+                per_cls[f"{nn}/{h}"] = statistics.mean(v)
+        dg = [r["host_us"]["deepgemm"] for r in shapes if "deepgemm" in r["host_us"] and hname in r["host_us"]]
+        mine = [r["host_us"][hname] for r in shapes if "deepgemm" in r["host_us"] and hname in r["host_us"]]
+        vs = f"  {statistics.mean(mine) / statistics.mean(dg):4.2f}x DeepGEMM" if dg else ""
+        lines.append(f"  {hname:10s} {statistics.mean(vals):7.1f} us{vs}   "
+                     + " ".join(f"{k}:{v:.1f}" for k, v in per_cls.items()))
+    return "\n".join(lines)
+
+
+def finish(reason: str) -> int:
+    """Print the tables (once) and write the JSON; the exit status: 0 when every check passed."""
+    with RUN.lock:
+        if RUN.printed:
+            return 0
+        RUN.printed = True
+        for _ in range(20):  # the watchdog may read while the main thread adds a result: retry
+            try:
+                shapes = json.loads(json.dumps([r for r in RUN.shapes if r["impls"]], default=str))
+                break
+            except RuntimeError:
+                time.sleep(0.05)
+        else:
+            shapes = []
+        info = dict(RUN.info, finished=reason, elapsed_s=elapsed())
+        if os.environ.get("OUT"):
+            try:
+                with open(os.path.join(os.environ["OUT"], "h200_decode_vs_deepgemm.json"), "w") as f:
+                    json.dump({**info, "shapes": shapes}, f, indent=1, default=str)
+            except OSError as exc:
+                print(f"could not write the JSON: {exc}", flush=True)
+        print(f"\n=== {reason} after {elapsed():.0f} s: {len(shapes)} shapes", flush=True)
+        print(summary(shapes, RUN.names, RUN.host_names, info), flush=True)
+        ok = all(c["ok"] for r in shapes for i in r["impls"].values()
+                 for c in (i.get("check"), i.get("check_clean")) if c)
+        return 0 if ok else 1
+
+
+def watchdog(deadline: float) -> threading.Timer:
+    """At the deadline print what was measured and end the process (a hung kernel would otherwise
+    leave no table at all)."""
+    def fire() -> None:
+        finish(f"deadline of {deadline:.0f} s reached")
+        sys.stdout.flush()
+        os._exit(3)
+    timer = threading.Timer(max(1.0, deadline - elapsed()), fire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def main() -> int:
+    global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two (B, C) pairs only")
-    parser.add_argument("--budget", type=float, default=200.0,
-                        help="seconds after which no new (B, C) pair is started (default 200)")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                        help="comma-separated Triton variants (VARIANTS names) or 'all'")
+    parser.add_argument("--quick", action="store_true", help="three (B, C) groups only")
+    parser.add_argument("--budget", type=float, default=105.0,
+                        help="seconds from process start after which no new (B, C) group starts")
+    parser.add_argument("--deadline", type=float, default=140.0,
+                        help="seconds from process start at which the tables are printed and it exits")
     parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global DEVICE, HOST_SHAPE
     order = QUICK if args.quick else ORDER
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-        DEVICE, order, HOST_SHAPE = SMOKE["device"], SMOKE["order"], SMOKE["host_shape"]
+        DEVICE, order = "cpu", SMOKE["order"]
     elif not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    timer = watchdog(args.deadline)
     import triton
+    from mqa_provider_gluon.ops.paged_mqa_logits_triton import VARIANTS
 
+    variants = sorted(VARIANTS) if args.variants == "all" else [v for v in args.variants.split(",") if v]
     name = torch.cuda.get_device_properties(0).name if DEVICE == "cuda" else "cpu (smoke)"
-    log(f"{name}, torch {torch.__version__}, triton {triton.__version__}")
-    impls: dict[str, Impl] = {}
+    log(f"{name}, torch {torch.__version__}, triton {triton.__version__}; variants {variants}")
     dg, dg_note = deepgemm_impl() if DEVICE == "cuda" else (None, "DeepGEMM: not on the CPU")
-    if dg is not None:
-        impls["deepgemm"] = dg
     log(dg_note)
-    impls.update(triton_impls())
-    impls.update(public_impls())
-    names = list(impls)
+    impls: dict[str, Impl] = {"deepgemm": dg} if dg is not None else {}
+    publics = public_impls()
+    impls["mqa_core"] = publics["mqa_core"]
+    impls.update(triton_impls(variants))
+    host_impls: dict[str, Impl] = {"mqa_core": publics["mqa_core"], "kernel": kernel_impl(),
+                                   "compat": publics["compat"]}
+    if dg is not None:
+        host_impls["deepgemm"] = dg
+    try:
+        import mqa_core
+
+        chosen = mqa_core.get_provider(None if DEVICE == "cuda" else "cpu", op="fp8_paged_mqa_logits").name
+    except Exception as exc:  # reported, and the mqa_core column will show the error too
+        chosen = f"? ({type(exc).__name__}: {exc})"
+    log(f"mqa_core's op runs provider {chosen}")
     copy = copy_gbs()
-    log(f"copy bandwidth {copy:.0f} GB/s")
+    log(f"copy bandwidth {copy['eager']:.0f} GB/s (eager copy_, read + write); "
+        f"{copy['graph']:.0f} GB/s replayed from a graph")
+    with RUN.lock:
+        RUN.names, RUN.host_names = list(impls), list(host_impls)
+        RUN.info = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
+                    "deepgemm": dg_note, "copy_GBps": copy, "variants": variants, "argv": sys.argv[1:],
+                    "mqa_core_provider": chosen}
     g = torch.Generator(device=DEVICE).manual_seed(0)
-    host: dict[str, dict[str, float]] = {}
-    results: list[dict] = []
+    reason = "all shapes done"
     for batch, ctx in order:
-        if time.time() - T0 > args.budget:
-            log(f"budget of {args.budget:.0f} s reached: no new shapes")
+        if elapsed() > args.budget:
+            reason = f"budget of {args.budget:.0f} s reached: no new (B, C) group"
+            log(reason)
             break
         bt = Batch(batch, ctx, DEVICE, g, 2 if DEVICE == "cpu" else copies_for(batch, ctx))
-        for next_n in NEXT_NS:
-            for h in HEADS:
-                results.append(run_shape(bt, next_n, h, impls, g))
-        if (batch, ctx) == HOST_SHAPE:
-            host = measure_host(bt, impls, g)
+        for next_n, h in KINDS:
+            run_shape(bt, next_n, h, impls, host_impls, g)
         del bt
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
-    result = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
-              "deepgemm": dg_note, "copy_GBps": copy, "target_GBps": TARGET_GBS, "host_us": host,
-              "shapes": results}
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "h200_decode_vs_deepgemm.json"), "w") as f:
-            json.dump(result, f, indent=1)
-    print_table(results, host, names, copy, dg_note)
-    ok = all(c["ok"] for r in results for i in r["impls"].values()
-             for c in (i.get("check"), i.get("check_clean")) if c)
-    return 0 if ok else 1
+    timer.cancel()
+    return finish(reason)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -69,15 +70,17 @@ def test_interpreter_matches_reference(interpret, batch, next_n, h, d, ctx, bs, 
         check(out, inp.reference(), clean)
 
 
+@pytest.mark.parametrize("pipe", [0, 7])
 @pytest.mark.parametrize("programs", [1, 2, 5, 17])  # 17: more programs than tiles
 @pytest.mark.parametrize("clean", [True, False])
-def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean):
+def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean, pipe):
     """Ragged contexts (one empty, one below next_n, one past the table) split over a fixed grid:
     every visible cell written with its value, every other cell -inf (clean), whatever the number
     of programs, including more programs than tiles."""
     inp = make_paged_inputs(5, 2, 16, 64, 333, block_size=64, seed=programs)
     inp.context_lens[:] = torch.tensor([333, 0, 1, 200, 64], dtype=torch.int32)
-    out = fp8_paged_mqa_logits_triton(*inp.args(), clean, config=PagedConfig(programs=programs))
+    cfg = PagedConfig(programs=programs, pipe=pipe, prefetch=0 if pipe else 4)
+    out = fp8_paged_mqa_logits_triton(*inp.args(), clean, config=cfg)
     check(out, inp.reference(), clean)
 
 
@@ -91,7 +94,7 @@ def arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor
     return lens.to(torch.int32)
 
 
-@pytest.mark.parametrize("variant", ["base", "rows"])
+@pytest.mark.parametrize("variant", ["base", "rows", "pipe", "pipetma", "piperows"])
 @pytest.mark.parametrize("bs", [64, 16])
 @pytest.mark.parametrize("clean", [True, False])
 def test_strided_pool_and_arbitrary_2d_lengths(interpret, bs, clean, variant):
@@ -107,8 +110,9 @@ def test_strided_pool_and_arbitrary_2d_lengths(interpret, bs, clean, variant):
     check(out, ref, clean)
 
 
+@pytest.mark.parametrize("variant", [None, "pipe", "pipetma"])
 @pytest.mark.parametrize("bs", [64, 16])
-def test_block_ids_out_of_range_give_neg_inf(interpret, bs):
+def test_block_ids_out_of_range_give_neg_inf(interpret, bs, variant):
     """Negative and too-large ids among the visible blocks: their positions are -inf (never read),
     the rest exact. The pool is a slice of a bigger buffer of NaNs, so a read past it would show."""
     inp = make_paged_inputs(3, 2, 16, 64, 192, block_size=bs, seed=bs + 1)
@@ -121,7 +125,8 @@ def test_block_ids_out_of_range_give_neg_inf(interpret, bs):
     tables[0, 1], tables[1, 2], tables[2, 0] = -1, blocks, -2
     ref = fp8_paged_mqa_logits_ref(inp.q, pool, inp.weights, inp.context_lens, tables, 192)
     assert torch.isneginf(ref[0:2, bs:2 * bs]).all() and torch.isneginf(ref[2:4, 2 * bs:3 * bs]).all()
-    out = fp8_paged_mqa_logits_triton(inp.q, pool, inp.weights, inp.context_lens, tables, 192)
+    out = fp8_paged_mqa_logits_triton(inp.q, pool, inp.weights, inp.context_lens, tables, 192,
+                                      config=VARIANTS.get(variant))
     check(out, ref, True)
 
 
@@ -145,9 +150,9 @@ def test_no_blocks_and_empty_sizes(interpret):
 
 
 def test_cached_launch_passes_the_arguments_the_kernel_declares(interpret, monkeypatch):
-    """The hot path (a cached launch calling the compiled launcher directly) builds the same
-    arguments, in the kernel's parameter order, as Triton's own binding: run here through the
-    interpreter in place of the compiled launcher."""
+    """The hot path (a cached launch handing ints and constants to the bound C launcher) builds the
+    same arguments, in the kernel's parameter order, as Triton's own binding: run here through the
+    interpreter in place of the launcher, the pointers mapped back to their tensors."""
     inp = make_paged_inputs(3, 2, 16, 64, 150, block_size=16, lens_2d=True, seed=14)
     pool = pad_paged_cache(inp.kv_cache, 64)
     cfg = PagedConfig(programs=2)
@@ -156,18 +161,27 @@ def test_cached_launch_passes_the_arguments_the_kernel_declares(interpret, monke
     fn = op.kernel(interpret=True)
     names = [p.name for p in op.kernel(interpret=False).params]
     assert names[-len(constexprs):] == list(constexprs)
+    outputs: list[torch.Tensor] = []
+    real_new = op._new_output
+    monkeypatch.setattr(op, "_new_output", lambda *a: outputs.append(real_new(*a)) or outputs[-1])
+    tensors = {t.data_ptr(): t for t in (inp.q, pool, inp.weights, inp.context_lens, inp.block_tables)}
     calls = []
 
-    def run(gx, gy, gz, stream, function, packed, meta, enter, exit_, *args):
-        assert (gy, gz, stream, function, packed) == (1, 1, 7, "fn", "meta")
-        assert len(args) == len(names)
-        calls.append(gx)
-        with op._interpreting():
-            fn[(gx,)](*args, num_warps=4)
+    class Bound:
+        def __call__(self, gx, gy, gz, stream, args):
+            assert (gy, gz, stream) == (1, 1, 7)
+            assert len(args) == len(names)
+            tensors[outputs[-1].data_ptr()] = outputs[-1]
+            ptr_args = {i for i, n in enumerate(names) if n.endswith("_ptr")}
+            assert all(isinstance(args[i], int) and args[i] in tensors for i in ptr_args)
+            calls.append(gx)
+            real = [tensors[a] if i in ptr_args else a for i, a in enumerate(args)]
+            with op._interpreting():
+                fn[(gx,)](*real[:-len(constexprs)], **constexprs, num_warps=4)
 
     strides = op._strides(inp.q, pool, inp.weights, inp.context_lens, inp.block_tables)
-    launch = op._Launch(run, "fn", "meta", 2, tuple(constexprs.values()), False, cfg.tile, strides)
-    monkeypatch.setattr(op, "_stream", lambda device: 7)
+    launch = op._Launch(Bound(), 2, tuple(constexprs.values()), False, cfg.tile, strides)
+    monkeypatch.setattr(op, "_stream", lambda index: 7)
     out = op._run(launch, inp.q, pool, inp.weights, inp.context_lens, inp.block_tables, 150)
     assert calls == [2]
     check(out, inp.reference(), True)
@@ -264,10 +278,30 @@ def test_sm90_build_uses_fp8_wgmma_without_spills(variant, next_n, h, bs):
     # the register cap of "rows" gives four.
     assert facts.registers <= (cfg.maxnreg or (168 if h <= 64 else 192)), facts
     key_bytes = cfg.tile * 128
-    assert f"{cfg.num_stages}x{cfg.tile}x128xf8" in asm["ttgir"], "keys not pipelined num_stages deep"
-    assert facts.shared_bytes >= cfg.num_stages * key_bytes
+    if cfg.pipe:  # the compiler picks the depth of each load from the loop's stages
+        depth = max(int(n) for n in re.findall(rf"(\d+)x{cfg.tile}x128xf8", asm["ttgir"]))
+        assert depth >= 3, "keys not pipelined at least two tiles ahead"
+        loop = _main_loop(sass(asm))
+        assert "QGMMA" in loop and not re.search(r"\bLDG\.", loop), "a load the tile loop waits for"
+    else:
+        depth = cfg.num_stages
+        assert f"{depth}x{cfg.tile}x128xf8" in asm["ttgir"], "keys not pipelined num_stages deep"
+    assert facts.shared_bytes >= depth * key_bytes
     prefetches = sass(asm).count("CCTL.E.PF1")
     assert (prefetches > 0) == (cfg.prefetch > 0 and bs % cfg.tile == 0), prefetches
+
+
+def _main_loop(text: str) -> str:
+    """The SASS of the innermost loop holding the wgmma: from the target of the first backward
+    branch after the first QGMMA to that branch."""
+    lines = re.findall(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", text, re.MULTILINE)
+    first = next(int(a, 16) for a, ins in lines if "QGMMA" in ins)
+    for a, ins in lines:
+        target = re.search(r"BRA\S*\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))", ins)
+        if int(a, 16) > first and target and target.group(1) and int(target.group(1), 16) <= first:
+            start, end = int(target.group(1), 16), int(a, 16)
+            return "\n".join(ins for a2, ins in lines if start <= int(a2, 16) <= end)
+    raise AssertionError("no loop around the wgmma")
 
 
 @pytest.mark.parametrize("arch,mfma", [("gfx950", "v_mfma_f32_32x32x64_f8f6f4"),
@@ -338,3 +372,24 @@ def test_gpu_graph_replay_follows_new_lengths():
         g.replay()
         check(out, fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, new, tables, 3000),
               True)
+
+
+def test_default_config_follows_the_measured_table():
+    """NVIDIA: the variant measured fastest for (next_n, H class); unmeasured classes get the base
+    config; gfx9 keeps its own."""
+    from mqa_provider_gluon.ops.paged_mqa_logits_triton import _MEASURED_BEST, default_config
+
+    for (next_n, h), name in _MEASURED_BEST.items():
+        assert default_config("sm_90", 64, next_n, h) == VARIANTS[name]
+    assert default_config("sm_90", 64, 1, 16) == VARIANTS[_MEASURED_BEST[(1, 32)]]
+    assert default_config("sm_90", 64, 3, 64) == PagedConfig()
+    assert default_config("sm_90", 64, 1, 128) == PagedConfig()
+    assert default_config("gfx942", 64, 2, 64).num_stages == 2
+
+
+def test_pipelined_config_is_checked():
+    with pytest.raises(ValueError, match="pipe"):
+        PagedConfig(pipe=1, prefetch=0)
+    with pytest.raises(ValueError, match="prefetch 0"):
+        PagedConfig(pipe=7)  # the pipelined loop loads the scales ahead itself
+    assert str(PagedConfig(pipe=7, prefetch=0, tma=True)).endswith("tmaP7")

@@ -16,16 +16,17 @@ L2), so there is no prologue kernel, no schedule buffer and no host synchronisat
 one kernel of a fixed grid, capturable in a CUDA graph. The ``-inf`` tail of each row (``clean``) is
 shared out the same way, as a second flattened list.
 
-**Memory.** Keys are software-pipelined by the compiler (cp.async or TMA) ``num_stages - 1`` tiles
-ahead, addressed by block ids from a plain load one tile ahead. The per-position scales do not feed
-the dot, so the compiler does not pipeline them, and a carried value older than one iteration stops
-its pipelining: a scale load gets one iteration to arrive. The first kernel's H200 numbers are
-consistent with that wait setting the speed of next_n = 2, H = 64 (3 programs per SM x 8.4 KB per
-~1.3 us of loaded latency ~ 2.6 TB/s predicted, 2.49 measured; more key stages did not help). So the
-lines holding the scales of the tile ``prefetch`` ahead are requested into L1 with a
-``prefetch.global.L1`` (no register result, nothing waits on it) and the load one tile ahead finds
-them there. ``row_dots`` (next_n = 2) issues one dot per query row, the second made to wait for the
-first row's reduction, so a 128-register cap fits four programs per SM instead of three.
+**Memory.** Two tile loops. The first (``pipe = 0``): keys software-pipelined by the compiler
+``num_stages - 1`` tiles ahead from block ids carried one tile ahead, scales loaded one tile ahead
+(their lines prefetched to L1 ``prefetch`` tiles ahead). Its SASS shows why it stops near 1 us per
+tile and program: the compiler reloads the id of each key copy right before issuing it, and the
+carried loads are waited for one iteration later, so each iteration waits for global round trips.
+The pipelined loop (``pipe > 0``, ``tl.range(num_stages=pipe)``): plain per-tile loads of the id,
+the keys and the scales, all of which the loop attribute lets Triton pipeline (the ids one level of
+indirection ahead of the keys and scales); no load is waited for in the iteration that issues it.
+It warms L2 for the next sequence of a short segment. ``row_dots`` (next_n = 2) issues one dot per
+query row, the second made to wait for the first row's reduction, so a 128-register cap fits four
+programs per SM instead of three. docs/paged-op.md has the numbers.
 
 **Layout.** Cache block ``i`` starts ``kv_cache.stride(0)`` bytes after block ``i - 1`` (a strided
 page pool when that exceeds ``block_size * (D + 4)``) and holds ``block_size * D`` fp8 bytes
@@ -36,8 +37,9 @@ tile. On gfx942 (whose MFMA reads fp8 as e4m3fnuz) e4m3fn cache bytes are re-lab
 (same byte = half the value, see ``fp8.py``) and the scale doubled.
 
 **Host cost.** The first call of a signature (dtypes, shapes, 16-byte alignments, constexprs)
-compiles through ``triton.jit`` and keeps the compiled kernel and its grid; later calls allocate the
-output and call the compiled launcher directly, without Triton's argument binding.
+compiles through ``triton.jit`` and binds the compiled kernel (``launch.BoundKernel``) with its grid;
+later calls allocate the output and hand ints to Triton's C launcher (TMA descriptors encoded once
+per pool address and size), without Triton's argument binding.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import triton
 import triton.language as tl
 
 from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
+from ..launch import bind, direct_launch_unsupported, hooks_active
 from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 3.6, shared
 
 __all__ = ["PagedConfig", "VARIANTS", "compile_for", "default_config", "fp8_paged_mqa_logits_triton",
@@ -64,6 +67,9 @@ _ROW_ALIGN = 16
 _MAX_ROWS = 128
 #: Sequences the schedule scans per step (one int32 per thread of a 4-warp program).
 _SCHED = 128
+#: The pipelined loop warms L2 for a program's next sequence when the current segment has at most
+#: this many tiles (L2 holds ~10 us of streamed keys, so a longer segment would lose the lines).
+_NEXT_PF_TILES = tl.constexpr(48)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +96,10 @@ class PagedConfig:
     #: Cap on registers per thread (NVIDIA; 0: the compiler's choice): 128 lets four 4-warp
     #: programs share an SM.
     maxnreg: int = 0
+    #: > 0: the tile loop is one the compiler pipelines whole with this many stages (block ids,
+    #: keys and scales all loaded asynchronously ahead); ``num_stages`` and ``prefetch`` then do not
+    #: apply to it. 0: keys pipelined from ids carried one tile ahead (the first kernel's loop).
+    pipe: int = 0
     programs: int = 0
 
     def __post_init__(self) -> None:
@@ -103,36 +113,48 @@ class PagedConfig:
             raise ValueError("PagedConfig.num_stages and programs_per_sm must be >= 1, programs >= 0")
         if self.prefetch < 0:
             raise ValueError(f"PagedConfig.prefetch must be >= 0, got {self.prefetch}")
+        if self.pipe < 0 or self.pipe == 1 or (self.pipe and self.prefetch):
+            raise ValueError(f"PagedConfig.pipe must be 0 (off) or >= 2 stages, and prefetch 0 with it "
+                             f"(the pipelined loop loads scales ahead itself); got pipe={self.pipe}, "
+                             f"prefetch={self.prefetch}")
 
     def __str__(self) -> str:
         tma = "tma" if self.tma else ""
         fixed = f"g{self.programs}" if self.programs else ""
         return (f"t{self.tile}w{self.num_warps}s{self.num_stages}p{self.programs_per_sm}"
                 f"f{self.prefetch}{'r' if self.row_dots else ''}{tma}"
-                f"{f'n{self.maxnreg}' if self.maxnreg else ''}{fixed}")
+                f"{f'n{self.maxnreg}' if self.maxnreg else ''}{f'P{self.pipe}' if self.pipe else ''}{fixed}")
 
 
 def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> PagedConfig:
-    """64-position tiles (one block of DeepGEMM's 64-token layout; smaller blocks are gathered per
-    row). On NVIDIA four stages keep three key tiles in flight behind the one being multiplied (the
-    block ids come from a plain load one tile ahead, so the whole depth goes to keys), and the
-    scales' lines are prefetched four tiles ahead. With next_n = 2 and H = 64 (a 64 x 128 fp32
-    accumulator) one dot per query row and a 128-register cap let four programs share an SM
-    instead of three."""
+    """The variant measured fastest for the shape class on the H200 (``_MEASURED_BEST``); classes
+    not measured get the base config. gfx9: two stages, two programs per CU, no prefetch (not tuned:
+    no AMD GPU here)."""
     if arch.startswith("gfx"):
         return PagedConfig(tile=64, num_warps=4, num_stages=2, programs_per_sm=2, prefetch=0)
-    if next_n == 2 and 32 < h <= 64:
-        return VARIANTS["rows"]
-    return PagedConfig()
+    name = _MEASURED_BEST.get((next_n, 32 if h <= 32 else 64 if h <= 64 else 0))
+    return VARIANTS[name] if name else PagedConfig()
 
 
-#: Launch variants an H200 benchmark times side by side (``bench/h200_paged.py``).
+#: (next_n, H class) -> the variant with the best graph-replay time against DeepGEMM on ragged
+#: batches, bench/results/2026-12-02-h200-decode-vs-deepgemm-v1.log (B 32-256, contexts 4k-64k):
+#: ``tma`` wins or ties at next_n = 1 (0.78-1.05x DeepGEMM) and at next_n = 2, H = 32 (0.76-0.98x,
+#: level with base); at next_n = 2, H = 64 ``rows`` (0.61-0.72x) is never far behind the best and
+#: 0.14 ahead of ``tma`` at B = 32, C = 4k. (The pipelined variants were not measured yet.)
+_MEASURED_BEST: dict[tuple[int, int], str] = {(1, 32): "tma", (1, 64): "tma", (2, 32): "tma", (2, 64): "rows"}
+
+
+#: Launch variants the H200 benchmark times side by side (``bench/h200_decode_vs_deepgemm.py``).
 VARIANTS: dict[str, PagedConfig] = {
     "base": PagedConfig(),
-    "rows": PagedConfig(row_dots=True, maxnreg=128),  # the default for next_n = 2, H = 64
+    "rows": PagedConfig(row_dots=True, maxnreg=128),
     "deep": PagedConfig(num_stages=6, prefetch=6),
     "tma": PagedConfig(tma=True),
     "noprefetch": PagedConfig(prefetch=0),  # balance alone: what the scale prefetch adds
+    # The whole tile loop pipelined by the compiler (ids, keys and scales loaded ahead).
+    "pipe": PagedConfig(pipe=7, prefetch=0),
+    "pipetma": PagedConfig(pipe=7, prefetch=0, tma=True),
+    "piperows": PagedConfig(pipe=7, prefetch=0, row_dots=True, maxnreg=128),
 }
 
 
@@ -144,6 +166,7 @@ def _paged_kernel(
     NG: tl.constexpr, NUM_GROUPS: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr,
     SCHED: tl.constexpr, PREFETCH: tl.constexpr, ROW_DOTS: tl.constexpr,
     LENS_2D: tl.constexpr, CLEAN: tl.constexpr, KV_FNUZ: tl.constexpr, USE_TMA: tl.constexpr,
+    PIPE: tl.constexpr, NEXT_PF: tl.constexpr,
 ):
     # A work item is one tile of one (sequence, query-row group); groups exist only when
     # next_n * H exceeds one dot's N side (H = 128 with next_n >= 2).
@@ -192,6 +215,24 @@ def _paged_kernel(
     offs_g = tl.arange(0, NG)
     k_offs = offs_t[:, None] * D + offs_d[None, :]  # a tile's bytes inside its block
 
+    # -- the -inf tails: tiles past each context, shared out like the work; done first, so that
+    # none of its values stay live (in registers) through the work loop -----------------------
+    if CLEAN:
+        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
+        fv_end = tl.where(f_hi > f_lo, fb + 1, fa)
+        for v in range(fa, fv_end):
+            b = v // NUM_GROUPS
+            offs_j = (v % NUM_GROUPS) * NG + offs_g
+            j_ok = offs_j < NEXT_N
+            lens = _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+            n = tl.cdiv(tl.max(lens, axis=0), TILE)
+            i_lo = tl.where(v == fa, fta, 0)
+            i_hi = tl.where(v == fb, ftb + 1, t_max - n)
+            out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
+            for i in range(i_lo, i_hi):
+                pos = (n + i) * TILE + offs_t
+                tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+
     # -- the work: a tail of one sequence, whole sequences, a head of another ---------------------
     v_end = tl.where(w_hi > w_lo, vb + 1, va)
     for v in range(va, v_end):
@@ -203,6 +244,8 @@ def _paged_kernel(
         hi = tl.max(lens, axis=0)
         t_lo = tl.where(v == va, ta, 0)
         t_hi = tl.where(v == vb, tb + 1, tl.cdiv(hi, TILE))
+        if NEXT_PF:  # the first ids, asked of L2 before q (whose smem store the id copies wait for)
+            _prefetch_l2(bt_ptr + b.to(tl.int64) * stride_btb + (t_lo * TILE) // BS + offs_g * 0)
 
         # The dot's N side: r = query row * H_PAD + head; padded rows and heads load q = 0, weight 0.
         r_j = g * NG + offs_r // H_PAD
@@ -221,78 +264,107 @@ def _paged_kernel(
             w = tl.load(w_ptr + (b * NEXT_N + r_j).to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
         out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
         table = bt_ptr + b.to(tl.int64) * stride_btb
+        if NEXT_PF:  # a short segment: the next sequence's start is near, warm L2 for it
+            if (v + 1 < v_end) & (t_hi - t_lo <= _NEXT_PF_TILES):
+                _prefetch_sequence(q_ptr, w_ptr, bt_ptr, v + 1, offs_r, stride_qb, stride_qn, stride_qh,
+                                   stride_wm, stride_btb, NEXT_N, H, H_PAD, NG, NUM_GROUPS)
 
-        # Every carried value is one iteration old (a longer loop-carried distance stops Triton's
-        # pipelining): the key loads are pipelined by the compiler from ids loaded one tile ahead;
-        # the scales (which do not feed the dot, so the compiler leaves them alone) are loaded one
-        # tile ahead from ids loaded two ahead, and their cache lines are requested PREFETCH ahead.
-        blk_next = _ids(table, t_lo, offs_t, hi, BS, TILE)
-        scale_next = _scales(kv_scales, blk_next, t_lo, offs_t, hi, num_blocks, block_words, BS, D, TILE)
-        sblk = _ids(table, t_lo + 1, offs_t, hi, BS, TILE)
-        pblk = _ids(table, t_lo + PREFETCH, offs_t, hi, BS, TILE)
-        for t in range(t_lo, t_hi):
-            pos = t * TILE + offs_t
-            blk = blk_next
-            scale = scale_next
-            blk_next = _ids(table, t + 1, offs_t, hi, BS, TILE)
-            scale_next = _scales(kv_scales, sblk, t + 1, offs_t, hi, num_blocks, block_words, BS, D, TILE)
-            sblk = _ids(table, t + 2, offs_t, hi, BS, TILE)
-            if PREFETCH > 0:
-                _prefetch_scales(kv_scales, pblk, t + PREFETCH, num_blocks, block_words, BS, D, TILE)
-                pblk = _ids(table, t + PREFETCH + 1, offs_t, hi, BS, TILE)
-            blk_ok = (blk >= 0) & (blk < num_blocks)
-            if USE_TMA:  # one block per tile: a [1, TILE, D] box; ids out of range read zeros
-                k = tl.reshape(kv_desc.load([blk.to(tl.int32), (t * TILE) % BS, 0]), (TILE, D_PAD))
-            else:
-                if BS % TILE == 0:  # one block: a scalar base, rows past the context stay inside it
-                    k_ptrs = kv_vals + (blk * block_bytes + ((t * TILE) % BS) * D) + k_offs
-                    k_mask = blk_ok & d_ok[None, :]
-                else:  # rows in different blocks; rows past the context may have garbage ids
-                    k_ptrs = kv_vals + (blk * block_bytes + (pos % BS) * D)[:, None] + offs_d[None, :]
-                    k_mask = ((pos < hi) & blk_ok)[:, None] & d_ok[None, :]
-                if not KV_FNUZ:
-                    k = tl.load(k_ptrs, mask=k_mask, other=0.0)
-                else:  # e4m3fn bytes -> e4m3fnuz bytes of half the value (-0 -> +0, NaN -> NaN)
-                    k = tl.load(k_ptrs, mask=k_mask, other=0)
-                    k = tl.where(k == 0x80, tl.full((TILE, D_PAD), 0, tl.uint8), k)
-                    k = tl.where((k & 0x7F) == 0x7F, tl.full((TILE, D_PAD), 0x80, tl.uint8), k)
-                    k = k.to(tl.float8e4b8, bitcast=True)
-            if KV_FNUZ:
-                scale = scale * 2.0
-            if ROW_DOTS:  # two rows (NG == 2): a dot each, the tile read once from shared memory
-                l0 = tl.sum(tl.maximum(tl.dot(k, q0_t), 0.0) * w0[None, :], axis=1)
-                # The second dot accumulates onto 0 * l0: it cannot start before the first row's
-                # reduction, so one accumulator is live at a time (x * 0 is not folded for floats).
-                acc = tl.zeros((TILE, H_PAD), tl.float32) + (l0 * 0.0)[:, None]
-                l1 = tl.sum(tl.maximum(tl.dot(k, q1_t, acc), 0.0) * w1[None, :], axis=1)
-                logits = tl.join(l0, l1) * scale[:, None]  # [TILE, 2]
-            else:
-                s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
-                s = tl.maximum(s, 0.0) * w[None, :]
-                logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
-            if BS % TILE == 0:
-                seen = (pos[:, None] < lens[None, :]) & blk_ok
-            else:
-                seen = (pos[:, None] < lens[None, :]) & blk_ok[:, None]
-            logits = tl.where(seen, logits, float("-inf"))
-            tl.store(out_rows + pos[:, None], logits, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+        if not ROW_DOTS:  # one operand set for both helpers; the unused one is never read
+            q0_t, w0, q1_t, w1 = q_t, w, q_t, w
+        else:
+            q_t, w = q0_t, w0
+        if PIPE > 0:
+            # Plain loads in a loop the compiler pipelines whole (``tl.range(num_stages=...)``
+            # marks it): the block ids of each tile are copied asynchronously into shared memory
+            # several tiles ahead, and the keys and scales addressed by them a few tiles later, so
+            # no load result is waited for in the iteration that uses it.
+            for t in tl.range(t_lo, t_hi, num_stages=PIPE):
+                pos = t * TILE + offs_t
+                if BS % TILE == 0:  # inside the loop t * TILE < hi: no mask
+                    blk = tl.load(table + (t * TILE) // BS).to(tl.int64)
+                else:
+                    blk = tl.load(table + pos // BS, mask=pos < hi, other=0).to(tl.int64)
+                blk_ok = (blk >= 0) & (blk < num_blocks)
+                k = _keys(kv_vals, kv_desc, blk, blk_ok, t, pos, hi, k_offs, offs_d, d_ok, block_bytes,
+                          BS, D, D_PAD, TILE, KV_FNUZ, USE_TMA)
+                scale = _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS, D, TILE)
+                _tile_out(k, scale, blk_ok, pos, lens, max_ctx, j_ok, out_rows, q_t, w, q0_t, w0, q1_t, w1,
+                          NG, H_PAD, TILE, BS, ROW_DOTS, KV_FNUZ)
+        else:
+            # Every carried value is one iteration old (a longer loop-carried distance stops
+            # Triton's pipelining): the key loads are pipelined by the compiler from ids loaded one
+            # tile ahead; the scales (which do not feed the dot, so the compiler leaves them alone)
+            # are loaded one tile ahead from ids loaded two ahead, and their cache lines are
+            # requested PREFETCH ahead.
+            blk_next = _ids(table, t_lo, offs_t, hi, BS, TILE)
+            scale_next = _scales(kv_scales, blk_next, t_lo, offs_t, hi, num_blocks, block_words, BS, D,
+                                 TILE)
+            sblk = _ids(table, t_lo + 1, offs_t, hi, BS, TILE)
+            pblk = _ids(table, t_lo + PREFETCH, offs_t, hi, BS, TILE)
+            for t in range(t_lo, t_hi):
+                pos = t * TILE + offs_t
+                blk = blk_next
+                scale = scale_next
+                blk_next = _ids(table, t + 1, offs_t, hi, BS, TILE)
+                scale_next = _scales(kv_scales, sblk, t + 1, offs_t, hi, num_blocks, block_words, BS, D,
+                                     TILE)
+                sblk = _ids(table, t + 2, offs_t, hi, BS, TILE)
+                if PREFETCH > 0:
+                    _prefetch_scales(kv_scales, pblk, t + PREFETCH, num_blocks, block_words, BS, D, TILE)
+                    pblk = _ids(table, t + PREFETCH + 1, offs_t, hi, BS, TILE)
+                blk_ok = (blk >= 0) & (blk < num_blocks)
+                k = _keys(kv_vals, kv_desc, blk, blk_ok, t, pos, hi, k_offs, offs_d, d_ok, block_bytes,
+                          BS, D, D_PAD, TILE, KV_FNUZ, USE_TMA)
+                _tile_out(k, scale, blk_ok, pos, lens, max_ctx, j_ok, out_rows, q_t, w, q0_t, w0, q1_t, w1,
+                          NG, H_PAD, TILE, BS, ROW_DOTS, KV_FNUZ)
 
-    # -- the -inf tails: tiles past each context, shared out like the work ------------------------
-    if CLEAN:
-        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
-        fv_end = tl.where(f_hi > f_lo, fb + 1, fa)
-        for v in range(fa, fv_end):
-            b = v // NUM_GROUPS
-            offs_j = (v % NUM_GROUPS) * NG + offs_g
-            j_ok = offs_j < NEXT_N
-            lens = _row_lens(cl_ptr, b, offs_j, j_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-            n = tl.cdiv(tl.max(lens, axis=0), TILE)
-            i_lo = tl.where(v == fa, fta, 0)
-            i_hi = tl.where(v == fb, ftb + 1, t_max - n)
-            out_rows = out_ptr + (b * NEXT_N + offs_j).to(tl.int64)[None, :] * stride_om
-            for i in range(i_lo, i_hi):
-                pos = (n + i) * TILE + offs_t
-                tl.store(out_rows + pos[:, None], ninf, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+
+def _keys(kv_vals, kv_desc, blk, blk_ok, t, pos, hi, k_offs, offs_d, d_ok, block_bytes, BS: tl.constexpr,
+          D: tl.constexpr, D_PAD: tl.constexpr, TILE: tl.constexpr, KV_FNUZ: tl.constexpr,
+          USE_TMA: tl.constexpr):
+    """fp8 [TILE, D_PAD] keys of tile ``t`` (zeros where the block id is out of range)."""
+    if USE_TMA:  # one block per tile: a [1, TILE, D] box; ids out of range read zeros
+        k = tl.reshape(kv_desc.load([blk.to(tl.int32), (t * TILE) % BS, 0]), (TILE, D_PAD))
+    else:
+        if BS % TILE == 0:  # one block: a scalar base, rows past the context stay inside it
+            k_ptrs = kv_vals + (blk * block_bytes + ((t * TILE) % BS) * D) + k_offs
+            k_mask = blk_ok & d_ok[None, :]
+        else:  # rows in different blocks; rows past the context may have garbage ids
+            k_ptrs = kv_vals + (blk * block_bytes + (pos % BS) * D)[:, None] + offs_d[None, :]
+            k_mask = ((pos < hi) & blk_ok)[:, None] & d_ok[None, :]
+        if not KV_FNUZ:
+            k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+        else:  # e4m3fn bytes -> e4m3fnuz bytes of half the value (-0 -> +0, NaN -> NaN)
+            k = tl.load(k_ptrs, mask=k_mask, other=0)
+            k = tl.where(k == 0x80, tl.full((TILE, D_PAD), 0, tl.uint8), k)
+            k = tl.where((k & 0x7F) == 0x7F, tl.full((TILE, D_PAD), 0x80, tl.uint8), k)
+            k = k.to(tl.float8e4b8, bitcast=True)
+    return k
+
+
+def _tile_out(k, scale, blk_ok, pos, lens, max_ctx, j_ok, out_rows, q_t, w, q0_t, w0, q1_t, w1,
+              NG: tl.constexpr, H_PAD: tl.constexpr, TILE: tl.constexpr, BS: tl.constexpr,
+              ROW_DOTS: tl.constexpr, KV_FNUZ: tl.constexpr):
+    """One tile's logits for the group's query rows, -inf where not visible, stored."""
+    if KV_FNUZ:
+        scale = scale * 2.0
+    if ROW_DOTS:  # two rows (NG == 2): a dot each, the tile read once from shared memory
+        l0 = tl.sum(tl.maximum(tl.dot(k, q0_t), 0.0) * w0[None, :], axis=1)
+        # The second dot accumulates onto zeros that depend on the first row's reduction, so
+        # one accumulator is live at a time (x * 0 is not folded for floats).
+        acc = tl.zeros((TILE, H_PAD), tl.float32) + (l0 * 0.0)[:, None]
+        l1 = tl.sum(tl.maximum(tl.dot(k, q1_t, acc), 0.0) * w1[None, :], axis=1)
+        logits = tl.join(l0, l1) * scale[:, None]  # [TILE, 2]
+    else:
+        s = tl.dot(k, q_t)  # [TILE, ROWS] fp32
+        s = tl.maximum(s, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(s, (TILE, NG, H_PAD)), axis=2) * scale[:, None]  # [TILE, NG]
+    if BS % TILE == 0:
+        seen = (pos[:, None] < lens[None, :]) & blk_ok
+    else:
+        seen = (pos[:, None] < lens[None, :]) & blk_ok[:, None]
+    logits = tl.where(seen, logits, float("-inf"))
+    tl.store(out_rows + pos[:, None], logits, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
 
 
 def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
@@ -374,6 +446,28 @@ def _prefetch_scales(kv_scales, blk, t, num_blocks, block_words, BS: tl.constexp
                                   dtype=tl.int32, is_pure=False, pack=1)
 
 
+def _prefetch_sequence(q_ptr, w_ptr, bt_ptr, v, offs_r, stride_qb, stride_qn, stride_qh, stride_wm, stride_btb,
+                       NEXT_N: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, NG: tl.constexpr,
+                       NUM_GROUPS: tl.constexpr):
+    """Ask L2 for what virtual sequence ``v`` starts with (its q rows and weights, the head of its
+    block-table row), so that its first loads, each waited for in turn, hit L2 (PTX only)."""
+    b = v // NUM_GROUPS
+    r_j = (v % NUM_GROUPS) * NG + offs_r // H_PAD
+    r_h = offs_r % H_PAD
+    ok = (r_j < NEXT_N) & (r_h < H)
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + tl.where(ok, r_j * stride_qn + r_h * stride_qh, 0)
+    w_rows = w_ptr + (b * NEXT_N + tl.where(ok, r_j, 0)).to(tl.int64) * stride_wm + tl.where(ok, r_h, 0)
+    _prefetch_l2(q_rows)
+    _prefetch_l2(w_rows)
+    _prefetch_l2(bt_ptr + b.to(tl.int64) * stride_btb + offs_r * 0)
+
+
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of the lines ``ptrs`` point into (no register result: nothing waits)."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.constexpr,
             D: tl.constexpr, TILE: tl.constexpr):
     """float32 [TILE] scales of tile ``t``: they follow the BS * D value bytes of each block. Ids out
@@ -390,7 +484,8 @@ def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.const
     return scale
 
 
-_HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales)
+_HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales, _keys,
+            _tile_out, _prefetch_sequence, _prefetch_l2)
 #: Runtime sizes: specialising on them would compile variants for no gain.
 _UNSPECIALIZED = ["num_seqs", "max_ctx", "covered", "num_blocks", "num_programs"]
 
@@ -480,13 +575,15 @@ class _Shape:
         return self.block_size % self.tile == 0 and self.d == self.d_pad <= 128
 
     def constexprs(self, cfg: PagedConfig, lens_2d: bool, clean: bool, kv_fnuz: bool,
-                   tma: bool, prefetch: int) -> dict[str, Any]:
+                   tma: bool, prefetch: int, ptx: bool = False) -> dict[str, Any]:
+        """``ptx``: an NVIDIA build (inline PTX prefetches allowed)."""
         return {"NEXT_N": self.next_n, "H": self.h, "H_PAD": self.h_pad, "D": self.d,
                 "D_PAD": self.d_pad, "NG": self.ng, "NUM_GROUPS": self.groups,
                 "BS": self.block_size, "TILE": self.tile, "SCHED": _SCHED,
                 "PREFETCH": prefetch, "ROW_DOTS": cfg.row_dots and self.ng == 2,
                 "LENS_2D": bool(lens_2d), "CLEAN": bool(clean),
-                "KV_FNUZ": bool(kv_fnuz), "USE_TMA": bool(tma)}
+                "KV_FNUZ": bool(kv_fnuz), "USE_TMA": bool(tma), "PIPE": cfg.pipe,
+                "NEXT_PF": bool(ptx and cfg.pipe)}
 
 
 def _kv_descriptor(kv_cache: torch.Tensor, dtype: torch.dtype, shape: _Shape) -> Any:
@@ -508,11 +605,11 @@ def _tma_usable(kv_cache: torch.Tensor, shape: _Shape, arch: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _Launch:
-    """What a call signature needs at launch: the compiled launcher, the grid, the constexprs."""
+    """What a call signature needs at launch: the bound kernel (``launch.BoundKernel``: Triton's C
+    launcher and constant arguments; it also keeps the encoded TMA descriptors), the grid, the
+    constexprs, the stride arguments."""
 
-    run: Any
-    function: Any
-    packed_metadata: Any
+    bound: Any
     programs: int
     constexprs: tuple[Any, ...]
     tma: bool
@@ -524,6 +621,9 @@ class _Launch:
 #: every call would otherwise grow it; the compiled kernels stay in Triton's own cache.
 _LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
 _LAUNCHES_MAX = 256
+#: The grid of signatures compiled but not bound (Triton's launch internals differ from those
+#: ``launch.py`` knows): they launch through ``kernel[grid]``.
+_GRIDS: dict[tuple[Any, ...], int] = {}
 _LAUNCH_LOCK = threading.Lock()
 
 
@@ -561,26 +661,36 @@ def _runtime_args(q: torch.Tensor, kv_cache: torch.Tensor, desc: Any, weights: t
             kv_cache.shape[0], programs, *strides, out.stride(0))
 
 
-def _stream(device: torch.device) -> int:
-    return torch._C._cuda_getCurrentRawStream(device.index)
-
-
 def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
          lens: torch.Tensor, tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
-    """The hot path: allocate the output, call the compiled launcher (no argument binding)."""
+    """The hot path: allocate the output, hand the arguments to the bound launcher (no argument
+    binding; pointers as ints, the TMA descriptor encoded once per pool address and size)."""
     out = _new_output(q.shape[0] * q.shape[1], max_context_len, q.device)
     if out.numel() == 0:
         return out
     if kv_cache.shape[0] == 0:  # no block to read: every position is an out-of-range id
         return out.fill_(float("-inf"))
-    desc = _kv_descriptor(kv_cache, q.dtype, _Shape(*q.shape[1:], kv_cache.shape[1], launch.tile)) \
-        if launch.tma else None
-    launch.run(launch.programs, 1, 1, _stream(q.device), launch.function, launch.packed_metadata,
-               None, None, None,
-               *_runtime_args(q, kv_cache, desc, weights, lens, tables, out, max_context_len,
-                              launch.programs, launch.strides),
-               *launch.constexprs)
+    kv_ptr = kv_cache.data_ptr()
+    if launch.tma:  # everything else the descriptor depends on is part of the call signature
+        desc = launch.bound.descriptor((0, kv_ptr, kv_cache.shape[0]), lambda: _kv_descriptor(
+            kv_cache, q.dtype, _Shape(*q.shape[1:], kv_cache.shape[1], launch.tile)))
+    else:
+        desc = (None,)
+    args = (q.data_ptr(), kv_ptr, *desc, weights.data_ptr(), lens.data_ptr(), tables.data_ptr(),
+            out.data_ptr(), q.shape[0], max_context_len,
+            min(max_context_len, tables.shape[1] * kv_cache.shape[1]), kv_cache.shape[0], launch.programs,
+            *launch.strides, out.stride(0), *launch.constexprs)
+    index = q.device.index
+    if index is None or torch.cuda.current_device() == index:
+        launch.bound(launch.programs, 1, 1, _stream(index), args)
+    else:
+        with torch.cuda.device(index):
+            launch.bound(launch.programs, 1, 1, _stream(index), args)
     return out
+
+
+def _stream(index: int | None) -> int:
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> None:
@@ -608,14 +718,16 @@ def _options(cfg: PagedConfig, nvidia: bool) -> dict[str, Any]:
 
 
 def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
-             constexprs: dict[str, Any], strides: tuple[int, ...], device: torch.device) -> _Launch:
-    """Compile for this signature (no launch) and size the persistent grid to one resident wave."""
+             constexprs: dict[str, Any], strides: tuple[int, ...], device: torch.device) -> int:
+    """Compile for this signature (no launch), size the persistent grid to one resident wave, and
+    keep a bound launcher for later calls where Triton's launch internals allow one. The grid."""
     with torch.cuda.device(device):
         compiled = kernel(interpret=False).warmup(*args, grid=(1,), **_options(cfg, torch.version.hip is None),
                                                   **constexprs)
         if hasattr(compiled, "result"):  # Triton's asynchronous compile mode hands back a future
             compiled = compiled.result()
-        run = compiled.run  # loads the module: n_regs and the function handle are known after it
+        bound = bind(compiled) if direct_launch_unsupported() is None else False
+        compiled.run  # noqa: B018 (loads the module: n_regs is known after it)
         sms, regs_per_sm, smem_per_sm, threads_per_sm = _device_facts(device.index)
     if cfg.programs:
         programs = cfg.programs
@@ -626,13 +738,19 @@ def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
                                 regs_per_sm=regs_per_sm, shared_per_sm=smem_per_sm,
                                 threads_per_sm=threads_per_sm)
         programs = min(cfg.programs_per_sm, fit) * sms
-    launch = _Launch(run, compiled.function, compiled.packed_metadata, programs,
-                     tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile, strides)
-    with _LAUNCH_LOCK:
-        if len(_LAUNCHES) >= _LAUNCHES_MAX:
-            _LAUNCHES.clear()
-        _LAUNCHES[key] = launch
-    return launch
+    if bound:
+        launch = _Launch(bound, programs, tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile,
+                         strides)
+        with _LAUNCH_LOCK:
+            if len(_LAUNCHES) >= _LAUNCHES_MAX:
+                _LAUNCHES.clear()
+            _LAUNCHES[key] = launch
+    else:  # every call launches through Triton; remember the grid only
+        with _LAUNCH_LOCK:
+            if len(_GRIDS) >= _LAUNCHES_MAX:
+                _GRIDS.clear()
+            _GRIDS[key] = programs
+    return programs
 
 
 def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -664,7 +782,7 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
         cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
         key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, cfg)
         launch = _LAUNCHES.get(key)
-        if launch is not None and not triton.knobs.runtime.launch_enter_hook:
+        if launch is not None and not hooks_active():
             return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
     else:
         cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
@@ -700,7 +818,8 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     tma = cfg.tma and not kv_fnuz and _tma_usable(kv_cache, shape, arch)
     desc = _kv_descriptor(kv_cache, q.dtype, shape) if tma else None
     prefetch = cfg.prefetch if (not interpret and torch.version.hip is None) else 0  # PTX only
-    constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch)
+    ptx = not interpret and torch.version.hip is None
+    constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch, ptx)
     options = _options(cfg, nvidia=not interpret and torch.version.hip is None)
     strides = _strides(q, kv_cache, weights, context_lens, block_tables)
     if interpret:
@@ -710,12 +829,17 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         with _interpreting():
             kernel(True)[(programs,)](*args, **constexprs, **options)
         return out
-    if not kv_fnuz and not triton.knobs.runtime.launch_enter_hook:
+    known = _LAUNCHES.get(key)
+    if kv_fnuz:  # q converted per call: no cached launch
+        programs = cfg.programs or cfg.programs_per_sm * _device_facts(q.device.index or 0)[0]
+    elif known is not None:  # launch hooks are set: Triton's own launch path, the known grid
+        programs = known.programs
+    elif key in _GRIDS:
+        programs = _GRIDS[key]
+    else:
         args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out,
                              max_context_len, 0, strides)
-        programs = _prepare(key, args, cfg, constexprs, strides, q.device).programs
-    else:  # q converted per call, or hooks that want Triton's own launch path: no cached launch
-        programs = cfg.programs or cfg.programs_per_sm * _device_facts(q.device.index or 0)[0]
+        programs = _prepare(key, args, cfg, constexprs, strides, q.device)
     args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out, max_context_len,
                          programs, strides)
     with torch.cuda.device(q.device):
@@ -739,7 +863,8 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
     shape = _Shape(next_n, h, d, block_size, cfg.tile)
     tma = cfg.tma and target.backend == "cuda" and shape.tma_ok()
     prefetch = cfg.prefetch if target.backend == "cuda" else 0
-    constexprs = {**shape.constexprs(cfg, lens_2d, clean_logits, kv_fnuz, tma, prefetch), "stride_clj": 1}
+    constexprs = {**shape.constexprs(cfg, lens_2d, clean_logits, kv_fnuz, tma, prefetch,
+                                     target.backend == "cuda"), "stride_clj": 1}
     if not lens_2d:
         constexprs["stride_clj"] = 0
     if not tma:
