@@ -39,22 +39,27 @@ class Draw:
     accumulation: Accumulation
     seed: int
     base_seed: int
+    #: How a failure says to reproduce it (default: the kit's ``--mqa-seed BASE_SEED``).
+    reproduce: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.pair) != 2 or any(d not in DTYPES for d in self.pair):
             raise ValueError(f"Draw.pair must be (q, k) dtype names from {', '.join(DTYPES)}; got {self.pair!r}")
 
     @classmethod
-    def on(cls, device: torch.device, seed: int, pair: Pair = SAME_FLAVOUR) -> Draw:
-        """A draw with the device's default error model, ``seed`` being the base seed too."""
-        return cls(device, pair, default_accumulation(device), seed, seed)
+    def on(cls, device: torch.device, seed: int, *, base_seed: int | None = None, pair: Pair = SAME_FLAVOUR,
+           reproduce: str | None = None) -> Draw:
+        """A draw with the device's default error model; the base seed defaults to ``seed``."""
+        return cls(device, pair, default_accumulation(device), seed, seed if base_seed is None else base_seed,
+                   reproduce)
 
     @property
     def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
         return getattr(torch, self.pair[0]), getattr(torch, self.pair[1])
 
     def case(self, provider: str, op: str, what: str, problem: Problem) -> Case:
-        return Case(provider, op, f"{what} dtype={pair_id(self.pair)}", problem, self.seed, self.base_seed)
+        return Case(provider, op, f"{what} dtype={pair_id(self.pair)}", problem, self.seed, self.base_seed,
+                    self.reproduce)
 
 
 # -- the oracle ------------------------------------------------------------------------------------
