@@ -166,11 +166,48 @@ def test_cached_launch_passes_the_arguments_the_kernel_declares(interpret, monke
             fn[(gx,)](*args, num_warps=4)
 
     strides = op._strides(inp.q, pool, inp.weights, inp.context_lens, inp.block_tables)
-    launch = op._Launch(run, "fn", "meta", 2, tuple(constexprs.values()), False, cfg.tile, strides)
+    launch = op._Launch(run, "fn", "meta", 2, tuple(constexprs.values()), False, cfg.tile, strides, cfg)
     monkeypatch.setattr(op, "_stream", lambda device: 7)
     out = op._run(launch, inp.q, pool, inp.weights, inp.context_lens, inp.block_tables, 150)
     assert calls == [2]
     check(out, inp.reference(), True)
+
+
+def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(monkeypatch):
+    """The GPU path on the CPU: Triton's host path up to the C launcher (the host-only driver, sm_90
+    answers; the kernel compiles for real). Triton's hook chains are truthy even when empty, so the
+    launcher must ask whether one holds a hook: with none, the first call caches its launch under the
+    variant it was built for and the next call takes it; with a hook, calls go through Triton's own
+    launch path (which hands the hook every launch)."""
+    import contextlib
+
+    from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+    from triton import knobs
+
+    monkeypatch.setattr(op, "_arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(op, "_device_facts", lambda index: (132, 65536, 233472, 2048))
+    monkeypatch.setattr(op, "_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(op, "_LAUNCHES", {})
+    cached = []
+    real_run = op._run
+    monkeypatch.setattr(op, "_run", lambda *a: cached.append(a[0]) or real_run(*a))
+    assert bool(knobs.runtime.launch_enter_hook) and not op.hooks_active()  # empty, yet truthy
+    inp = make_paged_inputs(3, 2, 64, 128, 300, block_size=64, lens_2d=True, seed=17)
+    cfg = VARIANTS["rows"]
+    with host_only(HostOnlyDriver()) as drv:
+        outs = [op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg) for _ in range(2)]
+        (launch,) = op._LAUNCHES.values()
+        assert launch.config == cfg and cached == [launch] and len(drv.launches) == 2
+        first, second = drv.launches
+        assert first[:5] == second[:5] and len(first) == len(second)  # grid, stream, the same kernel
+        hook = lambda metadata: None  # noqa: E731
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            outs.append(op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg))
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+    assert cached == [launch] and len(drv.launches) == 3 and len(op._LAUNCHES) == 1
 
 
 def test_signature_tells_apart_what_triton_specialises_on():
@@ -318,7 +355,7 @@ def test_gpu_variants_match_the_oracle(variant, next_n, h):
         torch.full((12, 3072), float("nan"), device="cuda")
         out = fp8_paged_mqa_logits_triton(*args, clean, config=VARIANTS[variant])
         check(out, ref, clean)
-    assert any(k[10] == VARIANTS[variant] for k in op._LAUNCHES)
+    assert any(launch.config == VARIANTS[variant] for launch in op._LAUNCHES.values())
 
 
 @pytest.mark.cuda

@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
+from ..launch import hooks_active
 from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 3.6, shared
 
 __all__ = ["PagedConfig", "VARIANTS", "compile_for", "default_config", "fp8_paged_mqa_logits_triton",
@@ -508,7 +509,8 @@ def _tma_usable(kv_cache: torch.Tensor, shape: _Shape, arch: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class _Launch:
-    """What a call signature needs at launch: the compiled launcher, the grid, the constexprs."""
+    """What a call signature needs at launch: the compiled launcher, the grid, the constexprs, and
+    the variant it was built for."""
 
     run: Any
     function: Any
@@ -518,6 +520,7 @@ class _Launch:
     tma: bool
     tile: int
     strides: tuple[int, ...]
+    config: PagedConfig
 
 
 #: Launch state per call signature (see _signature). Bounded: a caller whose strides change on
@@ -627,7 +630,7 @@ def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
                                 threads_per_sm=threads_per_sm)
         programs = min(cfg.programs_per_sm, fit) * sms
     launch = _Launch(run, compiled.function, compiled.packed_metadata, programs,
-                     tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile, strides)
+                     tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile, strides, cfg)
     with _LAUNCH_LOCK:
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
@@ -657,14 +660,12 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
     interpret = bool(triton.knobs.runtime.interpret)
-    if not interpret:
-        if q.device.type != "cuda":
-            raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors "
-                               "run only under the Triton interpreter (set TRITON_INTERPRET=1)")
+    if not interpret:  # a cached launch: its signature (device included) passed _launch_slow's checks
         cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
         key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, cfg)
         launch = _LAUNCHES.get(key)
-        if launch is not None and not triton.knobs.runtime.launch_enter_hook:
+        # Triton's hook chains are truthy even when empty: ask whether one holds a hook.
+        if launch is not None and not hooks_active():
             return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
     else:
         cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
@@ -684,10 +685,13 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  interpret: bool) -> torch.Tensor:
     """The first call of a signature (checks, compile, grid), the interpreter, gfx942's fnuz path,
     and launches with Triton's launch hooks set."""
+    arch = _arch_of(q.device)
+    if arch == "cpu" and not interpret:
+        raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors "
+                           "run only under the Triton interpreter (set TRITON_INTERPRET=1)")
     _check(q, kv_cache, max_context_len)
     b, next_n, h, d = q.shape
     block_size = kv_cache.shape[1]
-    arch = _arch_of(q.device)
     kv_fnuz = q.dtype == torch.float8_e4m3fn and wants_fnuz(arch)
     if kv_fnuz:  # q is small: convert it; the cache bytes are re-labelled inside the kernel
         q, weights = e4m3fn_to_e4m3fnuz(q, weights)
@@ -710,7 +714,7 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         with _interpreting():
             kernel(True)[(programs,)](*args, **constexprs, **options)
         return out
-    if not kv_fnuz and not triton.knobs.runtime.launch_enter_hook:
+    if not kv_fnuz and not hooks_active():
         args = _runtime_args(q, kv_cache, desc, weights, context_lens, block_tables, out,
                              max_context_len, 0, strides)
         programs = _prepare(key, args, cfg, constexprs, strides, q.device).programs
