@@ -42,7 +42,7 @@ from .cases import (
     pair_id,
     sizes_for,
 )
-from .checks import Case, check_identical, check_mask, check_output, check_values
+from .checks import Case, check_identical
 from .data import Inputs, PagedInputs
 from .layouts import LAYOUTS, describe, paged_layout
 from .plugin import BASE_SEED, DTYPE_PAIR, kit_accumulation, kit_arch, kit_device
@@ -332,20 +332,6 @@ def _enough_memory(kit: Kit, need: int) -> None:
         pytest.skip(f"needs about {need / 2**30:.1f} GiB free on {kit.device}; {free / 2**30:.1f} GiB are")
 
 
-def _check_sampled(kit: Kit, sampled: large.Sampled, out: Any, case: Case, clean: bool, layout: Any) -> None:
-    out = check_output(out, (sampled.windows.lo.numel(), _cols(sampled)), case)
-    check_mask(out, sampled.windows, case, clean=clean, layout=layout)
-    want, t = large.exact_at(sampled)
-    got = out[sampled.rows, sampled.cols]
-    check_values(got, want, t, sampled.rows.cpu(), sampled.cols.cpu(), case, kit.accumulation, sampled.windows,
-                 layout)
-
-
-def _cols(sampled: large.Sampled) -> int:
-    x = sampled.inputs
-    return x.max_context_len if isinstance(x, PagedInputs) else x.k.shape[0]
-
-
 @pytest.mark.mqa_large
 @pytest.mark.parametrize("kind", large.KINDS)
 def test_prefill_large_index(kit: Kit, kind: str) -> None:
@@ -359,12 +345,7 @@ def test_prefill_large_index(kit: Kit, kind: str) -> None:
         return
     _enough_memory(kit, n * d + m * h * d + 3 * m * n * 4 + (2 << 30))
     sampled = large.prefill_case(kind, sizes, h, d, kit.dtypes, kit.device, kit.seed)
-    x = sampled.inputs
-    assert isinstance(x, Inputs)
-    case = kit.case(PREFILL, f"large index: {sampled.what}", problem)
-    provider = kit.provider(PREFILL)
-    out, layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=True), kit.device)
-    _check_sampled(kit, sampled, out, case, True, layout)
+    runner.run_sampled(kit.provider(PREFILL), kit.draw, problem, sampled)
 
 
 # -- decode (paged) ------------------------------------------------------------------------------
@@ -418,9 +399,4 @@ def test_paged_large_index(kit: Kit) -> None:
         return
     _enough_memory(kit, 3 * batch * next_n * ctx * 4 + (2 ** sizes.bits) + (4 << 30))
     sampled = large.paged_case(sizes, h, d, kit.dtypes[0], kit.device, kit.seed, PAGED_BLOCK_SIZE)
-    x = sampled.inputs
-    assert isinstance(x, PagedInputs)
-    case = kit.case(PAGED, f"large index: {sampled.what}", problem)
-    provider = kit.provider(PAGED)
-    out, layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=True), kit.device)
-    _check_sampled(kit, sampled, out, case, True, layout)
+    runner.run_sampled(kit.provider(PAGED), kit.draw, problem, sampled)

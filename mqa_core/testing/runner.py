@@ -19,9 +19,9 @@ from ..reference import fp8_mqa_logits_ref
 from ..spec import DTYPES, OPS, Problem
 from .bound import Accumulation, default_accumulation, magnitudes
 from .cases import PAGED_BLOCK_SIZE, Pair, arbitrary_lens, make_windows, pair_id, short_context_lens
-from .checks import Case, Windows, check_logits
+from .checks import Case, Windows, check_logits, check_mask, check_output, check_values
 from .data import Inputs, PagedInputs, exact, make_inputs, make_paged_inputs
-from .large import paged_keys_at
+from .large import Sampled, exact_at, paged_keys_at
 from .layouts import prefill_layout
 from .poison import Layout, poisoned_call
 
@@ -157,4 +157,20 @@ def run_paged(provider: Provider, draw: Draw, x: PagedInputs, *, clean: bool, wh
     out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean),
                                     draw.device)
     check_paged(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout)
+    return out
+
+
+def run_sampled(provider: Provider, draw: Draw, problem: Problem, sampled: Sampled) -> torch.Tensor:
+    """One poisoned call (clean_logits) on a large-index case: the output's shape and its whole -inf
+    mask on the device, and the values at the case's sampled cells within their bounds."""
+    x = sampled.inputs
+    op, cols = (PAGED, x.max_context_len) if isinstance(x, PagedInputs) else (PREFILL, x.k.shape[0])
+    case = draw.case(provider.name, op, f"large index: {sampled.what}", problem)
+    call = getattr(provider, op)
+    out, layout = poisoned_call(lambda: call(*x.args(), clean_logits=True), draw.device)
+    out = check_output(out, (sampled.windows.lo.numel(), cols), case)
+    check_mask(out, sampled.windows, case, clean=True, layout=layout)
+    want, t = exact_at(sampled)
+    check_values(out[sampled.rows, sampled.cols], want, t, sampled.rows.cpu(), sampled.cols.cpu(), case,
+                 draw.accumulation, sampled.windows, layout)
     return out
