@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..spec import OPS, Problem
-from .common import UserError
+from .common import UserError, device_or_default, providers_for, timed_calls
 
 if TYPE_CHECKING:
     import torch
@@ -317,49 +317,27 @@ def summary(table: TuningTable, names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _device(text: str | None) -> torch.device:
-    """``--device`` (already checked by the CLI's common handler), or the GPU when there is one."""
-    import torch
-
-    return torch.device(text or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 def run(args: argparse.Namespace) -> int:
     from ..arch import arch_of_device
     from ..bench import report
-    from ..errors import ProviderUnavailableError
-    from ..testing.providers import provider_named, spec_named, usable_providers
+    from ..testing.providers import spec_named, usable_providers
     from ..tuning import current_stamp
 
     start = time.monotonic()
-    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
-        raise UserError("--repeat must be >= 1 and --warmup >= 0")
     if args.budget is not None and args.budget <= 0:
         raise UserError("--budget must be > 0 seconds")
     shapes = [TuneShape.parse(s) for s in args.shapes]
     preset = args.preset or ("quick" if not shapes else None)
     shapes = (PRESETS[preset]() if preset else []) + shapes
-    device = _device(args.device)
+    device = device_or_default(args.device)
     arch = arch_of_device(device)
-    gpu = device.type != "cpu"
-    repeat = args.repeat or (20 if gpu else 5)
-    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    warmup, repeat = timed_calls(args, device.type != "cpu", gpu_repeat=20)
     ops = list(dict.fromkeys(s.op for s in shapes))
     names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
              else usable_providers(arch, ops))
     if not names:
         raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)} (see `mqa explain`)")
-    providers: dict[tuple[str, str], Provider] = {}
-    for name in names:
-        spec = spec_named(name)
-        if spec is None:
-            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
-        for op in ops:
-            if op in spec.ops:
-                try:
-                    providers[(name, op)] = provider_named(name, arch, op=op)
-                except ProviderUnavailableError as exc:
-                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
+    providers = providers_for(names, ops, device, arch)
 
     device_name = report.device_name(device)
     print(f"mqa tune: {len(shapes)} shapes x {len(names)} providers ({', '.join(names)}) on {device_name} "
