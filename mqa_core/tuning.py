@@ -22,7 +22,6 @@ call is a dict lookup keyed by the bucket, and the same file gives the same choi
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import logging
 import math
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import SettingsError
 from .spec import OPS, Problem, ProviderSpec
+from .versions import installed_version, triton_version
 
 if TYPE_CHECKING:
     import torch
@@ -43,8 +43,6 @@ log = logging.getLogger("mqa_core")
 
 SCHEMA = "mqa-tuning/1"
 PREFILL, PAGED = OPS
-#: Distributions that provide the ``triton`` module (upstream, ROCm's build, nightlies).
-TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly")
 BUCKETS_DOC = ("A problem uses the entry with its op, H, D (and next_n for decode, when known) whose "
                "ranges [lo, hi) contain its M and N. Prefill: M = query tokens, N = keys. Decode: M = "
                "batch x next_n rows, N = max_context_len. Ranges are powers of two: [0, 1), [1, 2), [2, 4)...")
@@ -181,17 +179,6 @@ def _merge_next_n(entries: Sequence[Entry]) -> Entry:
 
 # -- the stamp ------------------------------------------------------------------------------------
 
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
-
-
-def triton_version() -> str | None:
-    return next(filter(None, (_version(d) for d in TRITON_DISTS)), None)
-
-
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -259,9 +246,9 @@ def current_stamp(device: torch.device, providers: Mapping[str, str]) -> Stamp:
         props = torch.cuda.get_device_properties(index)
         name, capability = props.name, f"{props.major}.{props.minor}"
     versions: dict[str, str | None] = {"torch": torch.__version__, "triton": triton_version(),
-                                       "mqa-core": _version("mqa-core")}
+                                       "mqa-core": installed_version("mqa-core")}
     for dist in sorted(set(providers.values())):
-        versions[dist] = _version(dist)
+        versions[dist] = installed_version(dist)
     return Stamp(name, arch_of_device(device), capability, versions, dict(providers))
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mqa_core import DTYPE_PAIRS
 from mqa_core.bench import report
 from mqa_core.bench.runner import run_workloads
 from mqa_core.bench.timing import Timing
@@ -63,7 +64,8 @@ def test_check_summarises_per_provider_and_fails_on_a_wrong_one(wrong_scale: Pat
     data = json.loads(proc.stdout)
     assert data["seed"] == 7 and data["device"] == "cpu" and not data["passed"]
     ok, bad = data["providers"]["torch_ref"], data["providers"]["wrong_scale"]
-    assert ok["failed"] == 0 and ok["passed"] == 2 + 2 * 2, ok  # two window cases per declared pair
+    # spec and selection, then two window cases for each of the four (q, k) pairs torch_ref declares
+    assert ok["failed"] == 0 and ok["passed"] == 2 + 2 * len(DTYPE_PAIRS), ok
     assert bad["failed"] == 2 and bad["passed"] == 2, bad
     msg = bad["failures"][0]["message"]
     assert "[wrong_scale] fp8_mqa_logits window=causal" in msg and "exceed the error bound" in msg
@@ -86,7 +88,8 @@ def test_check_unusable_provider_is_its_decision_row_and_exit_3() -> None:
     r = _mqa("check", "--provider", "torch_ref", MQA_DISABLE_PROVIDERS="torch_ref")
     assert r.returncode == 3 and r.stdout == "", r
     assert r.stderr.strip() == ("mqa: error: provider torch_ref (mqa-provider-torch-ref==" + _version("torch_ref")
-                                + ", priority 0) cannot serve cpu: rejected [blocked] named in MQA_DISABLE_PROVIDERS")
+                                + ", priority 0) cannot serve cpu: rejected [blocked] named in MQA_DISABLE_PROVIDERS "
+                                  "(torch_ref)")  # the entry that blocks it: a name or distribution:name
 
 
 def test_check_provider_for_another_arch_is_one_line(install_dist, monkeypatch: pytest.MonkeyPatch) -> None:

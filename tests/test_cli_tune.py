@@ -151,7 +151,8 @@ def test_a_wrong_provider_is_caught_by_the_kit_subset_and_left_out_of_the_table(
     off = Provider(spec, _Off())
     cpu = torch.device("cpu")
     reason = kit_check(off, "fp8_mqa_logits", 32, 64, cpu, seed=1)
-    assert reason is not None and "[off] fp8_mqa_logits window=ragged" in reason and "calc_diff" in reason
+    assert reason is not None and "[off] fp8_mqa_logits window=ragged" in reason, reason
+    assert "reproduce with mqa tune --seed 1" in reason and "in-window cells exceed the error bound" in reason, reason
     ref = provider_named("torch_ref", "cpu")
     assert kit_check(ref, "fp8_mqa_logits", 32, 64, cpu, seed=1) is None
     shapes = [TuneShape.prefill(32, 128, 32, 64), TuneShape.decode(2, 128, 1, 32, 64)]
@@ -164,6 +165,33 @@ def test_a_wrong_provider_is_caught_by_the_kit_subset_and_left_out_of_the_table(
     assert results[1]["off"].status == "unsupported: does not declare fp8_paged_mqa_logits"
     table = build_table(shapes, ["torch_ref", "off"], results, current_stamp(cpu, {}), {})
     assert [e.ranking for e in table.entries] == [("torch_ref",), ("torch_ref",)]
+
+
+class _LastColumn:
+    """A decode kernel that reads only the last column of 2-D lengths (real arithmetic, wrong rows)."""
+
+    def fp8_paged_mqa_logits(self, q, kv_cache, weights, context_lens, *args, **kw):
+        from mqa_provider_torch_ref.kernels import KERNELS
+
+        lens = context_lens[:, -1] if context_lens.dim() == 2 else context_lens
+        return KERNELS.fp8_paged_mqa_logits(q, kv_cache, weights, lens, *args, **kw)
+
+
+def test_the_kit_subset_checks_decode_with_arbitrary_2d_lengths():
+    import torch
+
+    from mqa_core import Provider, ProviderSpec
+    from mqa_core.cli.tune import kit_check
+    from mqa_core.testing.providers import provider_named
+
+    op = "fp8_paged_mqa_logits"
+    spec = ProviderSpec(name="lastcol", ops={op}, archs={"cpu"}, dtypes={"float8_e4m3fn"}, priority=5,
+                        load="nowhere.lastcol:KERNEL")
+    cpu = torch.device("cpu")
+    reason = kit_check(Provider(spec, _LastColumn()), op, 32, 64, cpu, seed=3)
+    assert reason is not None and "[lastcol] fp8_paged_mqa_logits batch=3 next_n=2" in reason, reason
+    assert "context_lens=[B, next_n]=" in reason and "reproduce with mqa tune --seed 3" in reason, reason
+    assert kit_check(provider_named("torch_ref", "cpu", op=op), op, 32, 64, cpu, seed=3) is None
 
 
 def _h200_script():

@@ -14,6 +14,7 @@ import pytest
 import torch
 from kit_wrong_providers import KERNELS, SPECS, WRONG
 
+from mqa_core import DTYPE_PAIRS
 from mqa_core.reference import fp8_mqa_logits_ref
 from mqa_core.spec import Problem
 from mqa_core.testing import layouts
@@ -32,6 +33,10 @@ from mqa_core.testing.data import make_inputs, make_paged_inputs
 from mqa_core.testing.poison import nan_fill, poisoned_call
 
 pytest_plugins = ("pytester",)
+
+#: The kit's ids of the contract's four (q, k) pairs (e4m3fn, e4m3fn.e4m3fnuz, ...), all of which
+#: torch_ref declares.
+ALL_PAIRS = tuple(sorted(pair_id(p) for p in DTYPE_PAIRS))
 
 
 def install_wrong_providers(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -93,9 +98,19 @@ def test_kit_passes_torch_ref(pytester: pytest.Pytester) -> None:
     result, per = run_kit(pytester, ["torch_ref"], "--mqa-device", "cpu")
     counts = outcomes(per["torch_ref"])
     assert result.ret == 0 and counts["failed"] == 0 and counts["passed"] > 100, result.stdout.str()
-    assert {i.split("-")[1] for i, _, _ in per["torch_ref"]["test_prefill_window"]} == {"e4m3fn", "e4m3fnuz"}
-    assert outcomes(per["torch_ref"], "test_prefill_large_index") == {"passed": 4}
-    assert outcomes(per["torch_ref"], "test_paged_large_index") == {"passed": 2}
+    # torch_ref declares all four (q, k) pairs: each runs every prefill case; the paged cache holds one
+    # fp8 flavour, so the mixed pairs skip the paged cases and only those.
+    assert {i.split("-")[1] for i, _, _ in per["torch_ref"]["test_prefill_window"]} == set(ALL_PAIRS)
+    for pair in ALL_PAIRS:
+        prefill = outcomes({t: [c for c in cs if c[0].split("-")[1] == pair] for t, cs in per["torch_ref"].items()
+                            if t.startswith("test_prefill")})
+        paged = outcomes({t: [c for c in cs if c[0].split("-")[1] == pair] for t, cs in per["torch_ref"].items()
+                          if t.startswith("test_paged")})
+        assert prefill["passed"] > 50 and not prefill["skipped"], (pair, prefill)
+        assert (paged == {"skipped": paged["skipped"]} if "." in pair else paged == {"passed": paged["passed"]}), \
+            (pair, paged)
+    assert outcomes(per["torch_ref"], "test_prefill_large_index") == {"passed": 8}  # 2 kinds x 4 pairs
+    assert outcomes(per["torch_ref"], "test_paged_large_index") == {"passed": 2, "skipped": 2}
 
 
 #: What the near misses run: enough of the kit to catch each, without the size sweeps.
@@ -170,7 +185,7 @@ def test_dtype_option_runs_one_pair(pytester: pytest.Pytester) -> None:
 def test_every_declared_pair_runs_by_default(pytester: pytest.Pytester) -> None:
     _, per = run_kit(pytester, ["torch_ref"], "-k", "window and causal and clean and not unclean")
     ids = sorted(i for i, _, _ in per["torch_ref"]["test_prefill_window"])
-    assert ids == ["torch_ref-e4m3fn-causal-clean", "torch_ref-e4m3fnuz-causal-clean"]
+    assert ids == sorted(f"torch_ref-{p}-causal-clean" for p in ALL_PAIRS)
 
 
 def test_plugin_adds_nothing_without_the_option(pytester: pytest.Pytester) -> None:

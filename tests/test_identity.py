@@ -110,9 +110,12 @@ def test_providers_command_shows_every_claimant(copycat, capsys):
     from mqa_core.cli.main import main
 
     assert main(["providers", "--arch", "cpu"]) == 0
-    out = capsys.readouterr().out
-    rows = [ln for ln in out.splitlines() if ln.startswith("torch_ref")]
+    table, _, descriptions = capsys.readouterr().out.partition("\n\n")
+    rows = [ln for ln in table.splitlines() if ln.startswith("torch_ref")]
     assert len(rows) == 2 and any("copycat==9.9" in r for r in rows) and all("ambiguous" in r for r in rows)
+    # Under the table, a description of a claimed name says whose it is (the copycat has none).
+    said = [ln for ln in descriptions.splitlines() if "torch_ref" in ln]
+    assert len(said) == 1 and said[0].startswith(f"{GENUINE}  exact fp32 PyTorch"), said
 
 
 def test_a_spec_cannot_claim_another_distribution(install_dist):

@@ -50,12 +50,25 @@ def make(tmp_path: Path, target: str, *, torch_installed: bool, dry: bool = Fals
     return r.stdout, log.read_text().splitlines() if log.exists() else []
 
 
+def makefile_words(variable: str) -> list[str]:
+    """The words of a ``NAME = ...`` line of the Makefile (quotes removed)."""
+    line = re.search(rf"^{variable}\s*=(.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert line, f"the Makefile sets no {variable}"
+    return line.group(1).replace('"', "").split()
+
+
+def test_the_makefile_installs_every_provider_in_the_repo() -> None:
+    here = sorted(f"providers/{p.parent.name}" for p in (ROOT / "providers").glob("*/pyproject.toml"))
+    assert sorted(makefile_words("PROVIDERS")) == here
+
+
 @needs_make
 def test_an_importable_torch_is_left_alone(tmp_path: Path) -> None:
     out, pip = make(tmp_path, "install", torch_installed=True)
     assert "torch: using 9.9.9+fake from " in out and "(already installed: left as it is)" in out
-    assert pip == ['install --quiet pluggy>=1.3 numpy',
-                   'install --quiet --no-deps -e . -e providers/torch_ref -e providers/gluon -e providers/flydsl']
+    editable = " ".join(f"-e {p}" for p in [".", *makefile_words("PROVIDERS")])
+    assert pip == [f"install --quiet {' '.join(makefile_words('DEPS'))}", f"install --quiet --no-deps {editable}"]
+    assert not [line for line in pip if re.search(r"\btorch\b", line)]
 
 
 @needs_make

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import importlib.metadata as md
 import json
 import math
 import platform
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..versions import installed_version, triton_version
 
 #: Dense fp8 tensor-core peak in TFLOP/s by device-name fragment, from the vendors' spec sheets.
 #: Checked in order, so the specific names come before the families they contain.
@@ -43,15 +44,8 @@ def fp8_peak(name: str) -> float | None:
 
 def versions(providers: Sequence[Any]) -> dict[str, Any]:
     """torch, triton (without importing it), mqa-core, and each benchmarked provider's distribution."""
-    def version(dist: str) -> str | None:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            return None
-
-    triton = next(filter(None, (version(d) for d in ("triton", "pytorch-triton-rocm", "pytorch-triton"))), None)
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None),
-            "triton": triton, "mqa-core": version("mqa-core"),
+            "triton": triton_version(), "mqa-core": installed_version("mqa-core"),
             "providers": {p.name: f"{p.spec.distribution}=={p.spec.version}" for p in providers}}
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import UserError, shape_arg
+from .common import UserError, device_or_default, providers_for, shape_arg, timed_calls
 
 EPILOG = """presets:
   quick    causal and full prefill, M=256 N=1024 H=32 D=128 (seconds on a CPU)
@@ -141,25 +141,20 @@ def run(args: argparse.Namespace) -> int:
     if args.from_json:
         return _replay(args)
 
-    import torch
 
     from ..api import explain
     from ..arch import arch_of_device
     from ..bench import report
     from ..bench import workloads as wl
     from ..bench.runner import run_workloads
-    from ..errors import ProviderUnavailableError
-    from ..testing.providers import provider_named, spec_named, usable_providers
+    from ..testing.providers import usable_providers
 
-    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
-        raise UserError("--repeat must be >= 1 and --warmup >= 0")
     if args.scale < 1 or (args.host_calls is not None and args.host_calls < 1):
         raise UserError(f"--scale and --host-calls must be >= 1, got {args.scale} and {args.host_calls}")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device_or_default(args.device)
     arch = arch_of_device(device)
     gpu = device.type != "cpu"
-    repeat = args.repeat or (30 if gpu else 5)
-    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    warmup, repeat = timed_calls(args, gpu, gpu_repeat=30)
     preset = args.preset or ("quick" if not args.shape else None)
     work = [w.scaled(args.scale) for w in wl.PRESETS[preset](args.clean)] if preset else []
     work += [wl.shape_workload(s, args.clean) for s in args.shape]
@@ -179,17 +174,7 @@ def run(args: argparse.Namespace) -> int:
         names.append(args.baseline)
     if not names:
         raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)}: see above")
-    providers = {}
-    for name in names:
-        spec = spec_named(name)
-        if spec is None:
-            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
-        for op in ops:
-            if op in spec.ops:
-                try:
-                    providers[(name, op)] = provider_named(name, arch, op=op)
-                except ProviderUnavailableError as exc:
-                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
+    providers = providers_for(names, ops, device, arch)
 
     name_of_device = report.device_name(device)
     peak = report.fp8_peak(name_of_device)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import UserError, add_json, emit
+from .common import UserError, add_json, device_or_default, emit
 
 
 def add_parser(sub: Any) -> None:
@@ -200,14 +200,12 @@ def unusable(names: list[str], arch: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..arch import arch_of_device
     from ..errors import ProviderUnavailableError
     from ..testing.cases import parse_pair
     from ..testing.providers import usable_providers
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device_or_default(args.device)
     arch = arch_of_device(device)
     if args.dtype:
         parse_pair(args.dtype)  # a ValueError here is a usage error (exit 2), before anything runs

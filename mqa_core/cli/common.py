@@ -6,9 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..spec import DTYPES, OPS, Pair, Problem
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..provider import Provider
 
 
 class UserError(Exception):
@@ -76,6 +82,43 @@ def resolve_device(text: str) -> str:
     if dev.index is not None and dev.index >= count:
         raise UserError(f"--device {text}: this machine has {count} device(s), cuda:0 to cuda:{count - 1}")
     return str(dev)
+
+
+def device_or_default(text: str | None) -> torch.device:
+    """``--device`` (already checked by :func:`resolve_device`), or the GPU when there is one."""
+    import torch
+
+    return torch.device(text or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def timed_calls(args: argparse.Namespace, gpu: bool, *, gpu_repeat: int) -> tuple[int, int]:
+    """(warm-up calls, timed calls) from ``--warmup`` and ``--repeat``: 5 and ``gpu_repeat`` on a GPU,
+    1 and 5 on the CPU, unless given."""
+    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
+        raise UserError("--repeat must be >= 1 and --warmup >= 0")
+    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    return warmup, args.repeat or (gpu_repeat if gpu else 5)
+
+
+def providers_for(names: Sequence[str], ops: Sequence[str], device: torch.device, arch: str
+                  ) -> dict[tuple[str, str], Provider]:
+    """(name, op) -> what an engine gets under ``MQA_PROVIDER=name``, for each op of ``ops`` the named
+    provider declares. UserError for a name that is not installed or an op it cannot serve here."""
+    from ..errors import ProviderUnavailableError
+    from ..testing.providers import provider_named, spec_named
+
+    providers = {}
+    for name in names:
+        spec = spec_named(name)
+        if spec is None:
+            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
+        for op in ops:
+            if op in spec.ops:
+                try:
+                    providers[(name, op)] = provider_named(name, arch, op=op)
+                except ProviderUnavailableError as exc:
+                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
+    return providers
 
 
 def emit(data: dict[str, Any], text: str, as_json: bool) -> None:

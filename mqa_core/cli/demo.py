@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from .common import add_json, emit
+from .common import add_json, device_or_default, emit
 
 
 def add_parser(sub: Any) -> None:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from ..spec import Problem
     from ..testing.data import calc_diff, make_inputs
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = device_or_default(args.device)
     problem = Problem.parse(args.shape)
     arch = arch_of_device(device)
     decision = explain(arch, problem=problem)

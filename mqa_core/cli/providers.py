@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from typing import Any
 
 from .. import registry
@@ -63,9 +64,14 @@ def render(data: dict[str, Any]) -> str:
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
     if not data["providers"]:
         lines.append("(no provider installed: pip install mqa-provider-torch-ref)")
-    described = [(r["name"], r["description"]) for r in data["providers"] if r["description"]]
+    # One line per description under the table; a name two distributions claim is spelled
+    # distribution:name there, so each line says whose it is.
+    claims = Counter(r["name"] for r in data["providers"])
+    described = [(r["name"] if claims[r["name"]] == 1 else r["id"], r["description"])
+                 for r in data["providers"] if r["description"]]
     if described:
-        lines += [""] + [f"{name:<{widths[0]}}  {text}" for name, text in described]
+        width = max(len(label) for label, _ in described)
+        lines += [""] + [f"{label:<{width}}  {text}" for label, text in described]
     for b in data["broken"]:
         took = f" after {_ms(b['import_seconds'])} of import" if b["import_seconds"] is not None else ""
         lines.append(f"BROKEN plugin {b['entry_point']} ({b['distribution']}=={b['version']}) at "

@@ -1,8 +1,9 @@
 """``mqa tune``: measure providers per shape bucket, correctness first, and write a table for ``MQA_TUNING``.
 
 For each provider (those usable on the device, or the ones named) it first runs a subset of the
-conformance kit at each (op, H, D) the shapes use: ragged, corner-case and empty windows, 1-D and 2-D
-paged lengths, after a poisoned allocator. A provider that fails is left out of those buckets. Then
+conformance kit at each (op, H, D) the shapes use, through the kit's own case runner: ragged,
+corner-case and empty windows, 1-D and arbitrary 2-D paged lengths, each call with its output poisoned
+and checked cell by cell. A provider that fails is left out of those buckets. Then
 every shape is checked against a reference and timed (``mqa bench``'s runner), with a progress bar on
 stderr. The table (``mqa_core.tuning``) records every provider's time in every bucket, stamped with
 what the timings depend on; the summary shows each bucket's winner.
@@ -16,11 +17,11 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..spec import OPS, Problem
-from .common import UserError
+from .common import UserError, device_or_default, providers_for, timed_calls
 
 if TYPE_CHECKING:
     import torch
@@ -147,65 +148,39 @@ def add_parser(sub: Any) -> None:
 
 # -- the kit subset ----------------------------------------------------------------------------------
 
-def _short(exc: BaseException) -> str:
+#: Prefill cases (window, clean_logits) and decode cases (batch, next_n, 2-D lengths, clean_logits) of
+#: the conformance kit run at each (op, H, D) before timing: ragged, corner-case and empty windows,
+#: a chunk unclean; short and block-edge 1-D lengths, arbitrary 2-D ones, unclean decode.
+PREFILL_SUBSET = (("ragged", True), ("edges", True), ("empty", True), ("chunk", False))
+PAGED_SUBSET = ((3, 1, False, True), (3, 2, True, True), (2, 2, False, False))
+
+
+def _short(exc: BaseException, limit: int = 400) -> str:
     text = " ".join(str(exc).split())
-    return text[:240] if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {text[:200]}"
-
-
-def _kit_prefill(provider: Provider, h: int, d: int, device: torch.device, seed: int) -> None:
-    from ..testing.cases import make_windows, sizes_for
-    from ..testing.checks import Case, check_logits, poisoned_call
-    from ..testing.data import make_inputs
-
-    m, n = sizes_for(device).windows
-    problem = Problem(m, n, h, d)
-    for i, (window, clean) in enumerate((("ragged", True), ("edges", True), ("empty", True), ("chunk", False))):
-        x = make_inputs(problem, device=device, window="full", seed=seed + i)
-        ks, ke = make_windows(window, m, n, seed + i)
-        x = replace(x, ks=ks.to(device), ke=ke.to(device))
-
-        def call(x: Any = x, clean: bool = clean) -> torch.Tensor:
-            return provider.fp8_mqa_logits(*x.args(), clean_logits=clean)
-
-        out = poisoned_call(call, device, m, n)
-        case = Case(provider.name, PREFILL, f"window={window} clean_logits={clean}", problem, seed + i, seed)
-        check_logits(out, x.reference(), case, clean=clean, windows=(ks, ke))
-
-
-def _kit_paged(provider: Provider, h: int, d: int, device: torch.device, seed: int) -> None:
-    import torch
-
-    from ..testing.cases import PAGED_BLOCK_SIZE, short_context_lens, sizes_for
-    from ..testing.checks import Case, check_logits, poisoned_call
-    from ..testing.data import make_paged_inputs
-
-    ctx = sizes_for(device).paged_context
-    for i, (batch, next_n, lens_2d, clean) in enumerate(((3, 1, False, True), (3, 2, True, True),
-                                                         (2, 2, False, False))):
-        x = make_paged_inputs(batch, next_n, h, d, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed + i)
-        lens = short_context_lens(x.context_lens, next_n, ctx)
-        if lens_2d:
-            lens = lens[:, None] - next_n + torch.arange(1, next_n + 1, dtype=lens.dtype)[None, :]
-        x = replace(x, q=x.q.to(device), kv_cache=x.kv_cache.to(device), weights=x.weights.to(device),
-                    context_lens=lens.to(device), block_tables=x.block_tables.to(device))
-
-        def call(x: Any = x, clean: bool = clean) -> torch.Tensor:
-            return provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean)
-
-        out = poisoned_call(call, device, batch * next_n, ctx)
-        case = Case(provider.name, PAGED, f"batch={batch} next_n={next_n} lens_2d={lens_2d} clean={clean}",
-                    Problem(batch * next_n, ctx, h, d), seed + i, seed)
-        check_logits(out, x.reference(), case, clean=clean)
+    text = text if isinstance(exc, AssertionError) else f"{type(exc).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device, seed: int) -> str | None:
-    """A few conformance-kit cases at (op, H, D): None when all pass, else the first failure.
+    """The kit subset at (op, H, D), through the kit's own case runner (every call poisoned, the -inf
+    mask exact, every in-window cell within its bound): None when all pass, else the first failure."""
+    from ..testing import runner
+    from ..testing.cases import sizes_for
 
-    Prefill: ragged, corner-case and empty windows cleaned, a chunk uncleaned; decode: 1-D and 2-D
-    lengths with short and block-edge contexts; each call after a poisoned allocator.
-    """
+    sizes = sizes_for(device)
+
+    def draw(i: int) -> runner.Draw:
+        return runner.Draw.on(device, seed + i, base_seed=seed, reproduce=f"mqa tune --seed {seed}")
+
     try:
-        (_kit_prefill if op == PREFILL else _kit_paged)(provider, h, d, device, seed)
+        if op == PREFILL:
+            problem = Problem(*sizes.windows, h, d)
+            for i, (window, clean) in enumerate(PREFILL_SUBSET):
+                runner.run_prefill(provider, draw(i), problem, window=window, clean=clean)
+        else:
+            for i, (batch, next_n, lens_2d, clean) in enumerate(PAGED_SUBSET):
+                x = runner.paged_inputs(draw(i), batch, next_n, h, d, sizes.paged_context, lens_2d=lens_2d)
+                runner.run_paged(provider, draw(i), x, clean=clean, what=f"batch={batch} next_n={next_n}")
     except Exception as exc:  # AssertionError from the checks, or the provider crashing
         return _short(exc)
     return None
@@ -342,49 +317,27 @@ def summary(table: TuningTable, names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def _device(text: str | None) -> torch.device:
-    """``--device`` (already checked by the CLI's common handler), or the GPU when there is one."""
-    import torch
-
-    return torch.device(text or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
 def run(args: argparse.Namespace) -> int:
     from ..arch import arch_of_device
     from ..bench import report
-    from ..errors import ProviderUnavailableError
-    from ..testing.providers import provider_named, spec_named, usable_providers
+    from ..testing.providers import spec_named, usable_providers
     from ..tuning import current_stamp
 
     start = time.monotonic()
-    if (args.repeat is not None and args.repeat < 1) or (args.warmup is not None and args.warmup < 0):
-        raise UserError("--repeat must be >= 1 and --warmup >= 0")
     if args.budget is not None and args.budget <= 0:
         raise UserError("--budget must be > 0 seconds")
     shapes = [TuneShape.parse(s) for s in args.shapes]
     preset = args.preset or ("quick" if not shapes else None)
     shapes = (PRESETS[preset]() if preset else []) + shapes
-    device = _device(args.device)
+    device = device_or_default(args.device)
     arch = arch_of_device(device)
-    gpu = device.type != "cpu"
-    repeat = args.repeat or (20 if gpu else 5)
-    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    warmup, repeat = timed_calls(args, device.type != "cpu", gpu_repeat=20)
     ops = list(dict.fromkeys(s.op for s in shapes))
     names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
              else usable_providers(arch, ops))
     if not names:
         raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)} (see `mqa explain`)")
-    providers: dict[tuple[str, str], Provider] = {}
-    for name in names:
-        spec = spec_named(name)
-        if spec is None:
-            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
-        for op in ops:
-            if op in spec.ops:
-                try:
-                    providers[(name, op)] = provider_named(name, arch, op=op)
-                except ProviderUnavailableError as exc:
-                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
+    providers = providers_for(names, ops, device, arch)
 
     device_name = report.device_name(device)
     print(f"mqa tune: {len(shapes)} shapes x {len(names)} providers ({', '.join(names)}) on {device_name} "

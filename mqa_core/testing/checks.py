@@ -31,10 +31,12 @@ class Case:
     problem: Problem
     seed: int
     base_seed: int
+    #: What reproduces the case, when not the kit's ``--mqa-seed BASE_SEED`` (``mqa tune``'s subset).
+    reproduce: str | None = None
 
     def __str__(self) -> str:
         return (f"[{self.provider}] {self.op} {self.what} {self.problem} seed={self.seed} "
-                f"(reproduce with --mqa-seed {self.base_seed})")
+                f"(reproduce with {self.reproduce or f'--mqa-seed {self.base_seed}'})")
 
 
 @dataclass(frozen=True)

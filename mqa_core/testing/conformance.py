@@ -23,11 +23,10 @@ from .. import validate
 from ..arch import KNOWN_ARCHS, normalize_arch
 from ..errors import ProviderUnavailableError
 from ..provider import Provider, load_object
-from ..reference import fp8_mqa_logits_ref
 from ..spec import Problem, ProviderSpec
-from . import large
+from . import large, runner
 from . import providers as named
-from .bound import Accumulation, magnitudes
+from .bound import Accumulation
 from .cases import (
     HEAD_DIMS,
     HEADS,
@@ -37,18 +36,15 @@ from .cases import (
     WINDOW_KINDS,
     Pair,
     accepts,
-    arbitrary_lens,
     declared_pairs,
     large_sizes,
     main_heads_dims,
-    make_windows,
     pair_id,
-    short_context_lens,
     sizes_for,
 )
-from .checks import Case, Windows, check_identical, check_logits, check_mask, check_output, check_values
-from .data import Inputs, PagedInputs, exact, make_inputs, make_paged_inputs
-from .layouts import LAYOUTS, describe, paged_layout, prefill_layout
+from .checks import Case, check_identical
+from .data import Inputs, PagedInputs
+from .layouts import LAYOUTS, describe, paged_layout
 from .plugin import BASE_SEED, DTYPE_PAIR, kit_accumulation, kit_arch, kit_device
 from .poison import poisoned_call
 
@@ -100,7 +96,7 @@ class Kit:
 
     @property
     def dtypes(self) -> tuple[torch.dtype, torch.dtype]:
-        return getattr(torch, self.pair[0]), getattr(torch, self.pair[1])
+        return self.draw.dtypes
 
     @property
     def request_dtype(self) -> Any:
@@ -136,8 +132,13 @@ class Kit:
         if op not in self.spec.ops:
             pytest.skip(f"{self.name} does not declare {op}")
 
+    @property
+    def draw(self) -> runner.Draw:
+        """This case's inputs and bound, for the case runner."""
+        return runner.Draw(self.device, self.pair, self.accumulation, self.seed, self.base_seed)
+
     def case(self, op: str, what: str, problem: Problem) -> Case:
-        return Case(self.name, op, f"{what} dtype={pair_id(self.pair)}", problem, self.seed, self.base_seed)
+        return self.draw.case(self.name, op, what, problem)
 
     def main_problem(self, m: int, n: int) -> Problem:
         self.require(PREFILL)
@@ -195,68 +196,19 @@ def kit(provider_name: str, dtype_pair: Pair, provider_cache: dict[str, dict[tup
                provider_cache.setdefault(provider_name, {}), dtype_pair, kit_accumulation(config))
 
 
-# -- helpers -------------------------------------------------------------------------------------
-
-def expected(x: Inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """(exact logits with -inf outside the windows, magnitudes T), float64 on the inputs' device."""
-    q, k = exact(x.q), exact(x.k)
-    return fp8_mqa_logits_ref(q, k, x.k_scale, x.weights, x.ks, x.ke), magnitudes(x.q, x.k, x.k_scale, x.weights)
-
-
-def expected_paged(x: PagedInputs) -> tuple[torch.Tensor, torch.Tensor, Windows]:
-    """(exact logits, magnitudes T, windows) for a paged call, float64 on the inputs' device."""
-    b, next_n, h, d = x.q.shape
-    want = x.reference().to(x.q.device)
-    nb, bs = x.kv_cache.shape[:2]
-    covered = min(x.max_context_len, x.block_tables.shape[1] * bs)
-    wins = Windows.prefix(x.visible().clamp(max=covered), x.max_context_len)
-    t = torch.zeros(b * next_n, x.max_context_len, dtype=torch.float64, device=x.q.device)
-    pos = torch.arange(covered, device=x.q.device)
-    for bi in range(b):
-        rows = torch.full_like(pos, bi * next_n)
-        keys, scales = large.paged_keys_at(x, rows, pos)
-        rows_b = slice(bi * next_n, (bi + 1) * next_n)
-        t[rows_b, :covered] = magnitudes(x.q[bi], keys, scales, x.weights[rows_b])
-    return want, t, wins
-
+# -- helpers: the suite's selection and skips around the case runner (runner.py) --------------------
 
 def run_prefill(kit: Kit, problem: Problem, *, window: str = "ragged", clean: bool = True,
                 k_scale_2d: bool = False, positive: bool = False, layout: str | None = None,
                 what: str = "") -> tuple[Inputs, torch.Tensor, Case]:
     """One poisoned call on fresh inputs, checked against the oracle; returns what a case reuses."""
     kit.require(PREFILL)
-    seed = kit.seed
-    q_dtype, k_dtype = kit.dtypes
-    x = make_inputs(problem, device=kit.device, window="full", dtype=q_dtype, k_dtype=k_dtype, seed=seed,
-                    k_scale_2d=k_scale_2d, positive=positive)
-    ks, ke = make_windows(window, problem.m, problem.n, seed)
-    x = replace(x, ks=ks.to(kit.device), ke=ke.to(kit.device))
-    if layout is not None:
-        x = prefill_layout(x, layout)
-    case = kit.case(PREFILL, what or (f"window={window} clean_logits={clean} "
-                                      f"k_scale={'[N, 1]' if k_scale_2d else '[N]'}"
-                                      + (" positive data" if positive else "")
-                                      + (f" layout={layout}" if layout else "")), problem)
-    provider = kit.provider(PREFILL)
-    out, out_layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=clean), kit.device)
-    want, t = expected(x)
-    check_logits(out, want, t, case, clean=clean, accumulation=kit.accumulation,
-                 wins=Windows.prefill(ks, ke, problem.n), layout=out_layout)
-    return x, out, case
+    return runner.run_prefill(kit.provider(PREFILL), kit.draw, problem, window=window, clean=clean,
+                              k_scale_2d=k_scale_2d, positive=positive, layout=layout, what=what)
 
 
 def run_paged(kit: Kit, x: PagedInputs, *, clean: bool, what: str) -> torch.Tensor:
-    b, next_n, h, d = x.q.shape
-    problem = Problem(b * next_n, x.max_context_len, h, d)
-    lens = x.context_lens.tolist()
-    case = kit.case(PAGED, f"{what} context_lens={'[B, next_n]' if x.context_lens.dim() == 2 else '[B]'}="
-                           f"{lens} block_size={x.kv_cache.shape[1]} clean_logits={clean}", problem)
-    provider = kit.provider(PAGED)
-    out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean),
-                                    kit.device)
-    want, t, wins = expected_paged(x)
-    check_logits(out, want, t, case, clean=clean, accumulation=kit.accumulation, wins=wins, layout=out_layout)
-    return out
+    return runner.run_paged(kit.provider(PAGED), kit.draw, x, clean=clean, what=what)
 
 
 def paged_inputs(kit: Kit, batch: int, next_n: int, *, lens_2d: bool, positive: bool = False,
@@ -267,13 +219,8 @@ def paged_inputs(kit: Kit, batch: int, next_n: int, *, lens_2d: bool, positive: 
         pytest.skip("the paged cache is uint8 and holds q's fp8 flavour: mixed pairs are a prefill matter")
     ctx = sizes_for(kit.device).paged_context
     h, d = main_heads_dims(kit.spec, batch * next_n, ctx) or (32, 128)
-    seed = kit.seed
-    lens = (arbitrary_lens(batch, next_n, ctx, seed) if lens_2d
-            else short_context_lens(torch.randint(next_n, ctx + 1, (batch,),
-                                                  generator=torch.Generator().manual_seed(seed)), next_n, ctx))
-    return make_paged_inputs(batch, next_n, h, d, ctx, block_size=PAGED_BLOCK_SIZE, seed=seed,
-                             dtype=kit.dtypes[0], context_lens=lens, positive=positive,
-                             pool_pad_bytes=pool_pad_bytes, device=kit.device)
+    return runner.paged_inputs(kit.draw, batch, next_n, h, d, ctx, lens_2d=lens_2d, positive=positive,
+                               pool_pad_bytes=pool_pad_bytes)
 
 
 # -- the provider as declared --------------------------------------------------------------------
@@ -385,20 +332,6 @@ def _enough_memory(kit: Kit, need: int) -> None:
         pytest.skip(f"needs about {need / 2**30:.1f} GiB free on {kit.device}; {free / 2**30:.1f} GiB are")
 
 
-def _check_sampled(kit: Kit, sampled: large.Sampled, out: Any, case: Case, clean: bool, layout: Any) -> None:
-    out = check_output(out, (sampled.windows.lo.numel(), _cols(sampled)), case)
-    check_mask(out, sampled.windows, case, clean=clean, layout=layout)
-    want, t = large.exact_at(sampled)
-    got = out[sampled.rows, sampled.cols]
-    check_values(got, want, t, sampled.rows.cpu(), sampled.cols.cpu(), case, kit.accumulation, sampled.windows,
-                 layout)
-
-
-def _cols(sampled: large.Sampled) -> int:
-    x = sampled.inputs
-    return x.max_context_len if isinstance(x, PagedInputs) else x.k.shape[0]
-
-
 @pytest.mark.mqa_large
 @pytest.mark.parametrize("kind", large.KINDS)
 def test_prefill_large_index(kit: Kit, kind: str) -> None:
@@ -412,12 +345,7 @@ def test_prefill_large_index(kit: Kit, kind: str) -> None:
         return
     _enough_memory(kit, n * d + m * h * d + 3 * m * n * 4 + (2 << 30))
     sampled = large.prefill_case(kind, sizes, h, d, kit.dtypes, kit.device, kit.seed)
-    x = sampled.inputs
-    assert isinstance(x, Inputs)
-    case = kit.case(PREFILL, f"large index: {sampled.what}", problem)
-    provider = kit.provider(PREFILL)
-    out, layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=True), kit.device)
-    _check_sampled(kit, sampled, out, case, True, layout)
+    runner.run_sampled(kit.provider(PREFILL), kit.draw, problem, sampled)
 
 
 # -- decode (paged) ------------------------------------------------------------------------------
@@ -471,9 +399,4 @@ def test_paged_large_index(kit: Kit) -> None:
         return
     _enough_memory(kit, 3 * batch * next_n * ctx * 4 + (2 ** sizes.bits) + (4 << 30))
     sampled = large.paged_case(sizes, h, d, kit.dtypes[0], kit.device, kit.seed, PAGED_BLOCK_SIZE)
-    x = sampled.inputs
-    assert isinstance(x, PagedInputs)
-    case = kit.case(PAGED, f"large index: {sampled.what}", problem)
-    provider = kit.provider(PAGED)
-    out, layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=True), kit.device)
-    _check_sampled(kit, sampled, out, case, True, layout)
+    runner.run_sampled(kit.provider(PAGED), kit.draw, problem, sampled)

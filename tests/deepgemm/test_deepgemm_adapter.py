@@ -13,14 +13,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from deepgemm_inputs import paged as _paged
+from deepgemm_inputs import prefill as _prefill_inputs
 from mqa_provider_deepgemm import clean
 from mqa_provider_deepgemm.kernel import KERNEL, DeepGEMMKernel
 
 from mqa_core import Problem
 from mqa_core.testing import make_inputs, make_paged_inputs
-from mqa_core.testing.cases import make_windows, short_context_lens
-from mqa_core.testing.checks import Case, check_logits
+from mqa_core.testing.checks import Case
 from mqa_core.testing.providers import provider_named
+from mqa_core.testing.runner import check_paged, check_prefill
 
 
 def _deepgemm_as(arch: str) -> DeepGEMMKernel:
@@ -33,12 +35,6 @@ def _calls() -> list:
     from deep_gemm import CALLS  # the stand-in's record of each call
 
     return CALLS
-
-
-def _prefill_inputs(m, n, h, d, window, seed, k_scale_2d=False):
-    x = make_inputs(Problem(m, n, h, d), window="full", seed=seed, k_scale_2d=k_scale_2d)
-    ks, ke = make_windows(window, m, n, seed)
-    return replace(x, ks=ks, ke=ke)
 
 
 def _case(op, what, problem, seed=0):
@@ -55,8 +51,7 @@ def test_prefill_windows_match_the_reference(deep_gemm, generation, window, clea
     m, n, h, d = 37, 515, 32, 64
     x = _prefill_inputs(m, n, h, d, window, seed=11)
     out = _deepgemm_as("sm_90").fp8_mqa_logits(*x.args(), clean_logits=clean_logits)
-    check_logits(out, x.reference(), _case("fp8_mqa_logits", window, Problem(m, n, h, d)), clean=clean_logits,
-                 windows=(x.ks, x.ke))
+    check_prefill(out, x, _case("fp8_mqa_logits", window, Problem(m, n, h, d)), clean=clean_logits)
     call = _calls()[-1]
     assert call["generation"] == generation and call["clean_logits"] is clean_logits
     # The windows DeepGEMM saw: int32, contiguous, 0 <= ks <= ke <= N, same visible keys.
@@ -75,7 +70,7 @@ def test_prefill_sizes_heads_dims_and_k_scale_layouts(deep_gemm, h, d, m, n, k_s
     deep_gemm("fp8_fp4")
     x = _prefill_inputs(m, n, h, d, "ragged", seed=1000 * h + m, k_scale_2d=k_scale_2d)
     out = _deepgemm_as("sm_90").fp8_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_mqa_logits", "sizes", Problem(m, n, h, d)), clean=True)
+    check_prefill(out, x, _case("fp8_mqa_logits", "sizes", Problem(m, n, h, d)), clean=True)
     call = _calls()[-1]
     assert call["k_scale"].shape == (n,) and call["k_scale"].data_ptr() == x.k_scale.data_ptr()  # a view
     assert call["q"] is x.q and call["k"] is x.k and call["weights"] is x.weights  # nothing copied
@@ -102,7 +97,7 @@ def test_strided_and_misaligned_inputs_are_copied_only_where_deepgemm_would_misr
     assert not torch.allclose(wrong.double()[torch.isfinite(ref)], ref[torch.isfinite(ref)], rtol=1e-2)
 
     out = _deepgemm_as("sm_90").fp8_mqa_logits(*args)
-    check_logits(out, ref, _case("fp8_mqa_logits", "strided", Problem(m, n, h, d)), clean=True)
+    check_prefill(out, x, _case("fp8_mqa_logits", "strided", Problem(m, n, h, d)), clean=True)
     call = _calls()[-1]
     assert call["weights"].is_contiguous() and call["q"].is_contiguous()
     assert call["k_scale"].data_ptr() % 16 == 0
@@ -120,7 +115,7 @@ def test_raw_deepgemm_faults_on_the_windows_the_adapter_clamps(deep_gemm):
         raw(x.q, (x.k, x.k_scale), x.weights, ks, ke, True)
     x = replace(x, ks=ks, ke=ke)
     out = _deepgemm_as("sm_90").fp8_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_mqa_logits", "ks<0", Problem(m, n, 32, 64)), clean=True)
+    check_prefill(out, x, _case("fp8_mqa_logits", "ks<0", Problem(m, n, 32, 64)), clean=True)
 
 
 @pytest.mark.parametrize("m, n", [(0, 64), (5, 0), (0, 0)])
@@ -137,21 +132,6 @@ def test_empty_problems_launch_nothing(deep_gemm, m, n, clean_logits):
 
 # -- paged ---------------------------------------------------------------------------------------
 
-def _paged(batch, next_n, h, d, ctx, *, seed, lens_2d=False, block_size=64, pool_pad=0):
-    x = make_paged_inputs(batch, next_n, h, d, ctx, block_size=block_size, seed=seed)
-    lens = short_context_lens(x.context_lens, next_n, ctx)
-    if lens_2d:
-        lens = lens[:, None] - next_n + torch.arange(1, next_n + 1, dtype=lens.dtype)[None, :]
-    cache = x.kv_cache
-    if pool_pad:  # a strided page pool: each block followed by pool_pad unused bytes
-        blocks, bs, _, d4 = cache.shape
-        pool = torch.randint(0, 255, (blocks, bs * d4 + pool_pad), dtype=torch.uint8)
-        pool[:, : bs * d4] = cache.reshape(blocks, -1)
-        cache = pool[:, : bs * d4].view(blocks, bs, 1, d4)
-        assert not cache.is_contiguous()
-    return replace(x, context_lens=lens, kv_cache=cache)
-
-
 @pytest.mark.parametrize("generation", ["fp8_fp4", "legacy"])
 @pytest.mark.parametrize("batch, next_n, lens_2d, clean_logits", [
     (1, 1, False, True), (4, 1, False, True), (3, 2, False, True), (3, 2, True, True), (4, 2, True, False),
@@ -162,7 +142,7 @@ def test_paged_matches_the_reference(deep_gemm, generation, batch, next_n, lens_
     x = _paged(batch, next_n, h, d, ctx, seed=batch * 10 + next_n, lens_2d=lens_2d)
     out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args(), clean_logits=clean_logits)
     what = f"B={batch} next_n={next_n} lens={x.context_lens.tolist()}"
-    check_logits(out, x.reference(), _case("fp8_paged_mqa_logits", what, Problem(batch * next_n, ctx, h, d)),
+    check_paged(out, x, _case("fp8_paged_mqa_logits", what, Problem(batch * next_n, ctx, h, d)),
                  clean=clean_logits)
     calls = _calls()
     assert len(calls) == -(-next_n // 2)  # next_n > 2 runs in groups of 2
@@ -181,7 +161,7 @@ def test_paged_arbitrary_2d_lengths_in_groups(deep_gemm):
     lens = torch.tensor([[290, 5, 130, 299], [64, 200, 1, 250]], dtype=torch.int32)
     x = replace(x, context_lens=lens)
     out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_paged_mqa_logits", "2-D", Problem(8, 300, 32, 64)), clean=True)
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "2-D", Problem(8, 300, 32, 64)), clean=True)
 
 
 @pytest.mark.parametrize("generation", ["fp8_fp4", "legacy"])
@@ -189,7 +169,7 @@ def test_paged_strided_page_pool_passes_through(deep_gemm, generation):
     deep_gemm(generation)
     x = _paged(3, 2, 64, 128, 260, seed=4, pool_pad=64)
     out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_paged_mqa_logits", "pool", Problem(6, 260, 64, 128)), clean=True)
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "pool", Problem(6, 260, 64, 128)), clean=True)
     call = _calls()[-1]
     assert call["kv_cache"].data_ptr() == x.kv_cache.data_ptr() and call["kv_cache"].stride(0) == x.kv_cache.stride(0)
 
@@ -198,7 +178,7 @@ def test_paged_unaligned_pool_stride_is_copied_not_misread(deep_gemm):
     deep_gemm("fp8_fp4")
     x = _paged(2, 1, 32, 64, 200, seed=6, pool_pad=4)  # stride(0) % 16 != 0: TMA cannot address it
     out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_paged_mqa_logits", "pool+4", Problem(2, 200, 32, 64)), clean=True)
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "pool+4", Problem(2, 200, 32, 64)), clean=True)
     assert _calls()[-1]["kv_cache"].is_contiguous()
 
 
@@ -208,7 +188,7 @@ def test_paged_lengths_past_the_table_or_max_context_are_clamped(deep_gemm):
     lens = torch.tensor([1000, 130], dtype=torch.int32)  # 1000 > what the 3-block table covers
     x = replace(x, context_lens=lens)
     out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_paged_mqa_logits", "long", Problem(4, 192, 32, 64)), clean=True)
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "long", Problem(4, 192, 32, 64)), clean=True)
 
 
 def test_paged_block_size_is_refused_where_deepgemm_does_not_take_it(deep_gemm, monkeypatch):
@@ -219,7 +199,7 @@ def test_paged_block_size_is_refused_where_deepgemm_does_not_take_it(deep_gemm, 
         _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args())
     monkeypatch.setenv("MQA_TEST_DEEPGEMM_ARCH", "sm_100")
     out = _deepgemm_as("sm_100").fp8_paged_mqa_logits(*x.args())
-    check_logits(out, x.reference(), _case("fp8_paged_mqa_logits", "bs32", Problem(2, 100, 32, 64)), clean=True)
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "bs32", Problem(2, 100, 32, 64)), clean=True)
 
 
 @pytest.mark.parametrize("batch, max_len", [(0, 128), (2, 0)])

@@ -7,7 +7,6 @@ portable Triton kernel, one notch lower), so the two can be A/B'd by name on the
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import importlib.util
 import os
 
@@ -32,19 +31,6 @@ DTYPE_PAIRS: dict[str, frozenset[tuple[str, str]]] = {
     "sm_100": frozenset({(FN, FN)}),
     "cpu": frozenset({(FN, FN), (FNUZ, FNUZ), (FN, FNUZ), (FNUZ, FN)}),
 }
-#: Distributions that provide the ``triton`` module (upstream, ROCm's build, nightlies).
-TRITON_DISTS = ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-nightly")
-
-
-def triton_version() -> str | None:
-    for dist in TRITON_DISTS:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
 def check(arch: str) -> str | None:
     """Usable when Triton is importable; on the CPU only inside Triton's interpreter."""
     if importlib.util.find_spec("triton") is None:

@@ -201,10 +201,14 @@ def _interpreting() -> Iterator[None]:
     cannot type a pointer to e4m3fnuz, though it computes with it; and each call of an interpreted
     helper patches the ``tl`` namespaces for the interpreter without undoing it, after which no
     kernel compiles in this process, so every namespace it touches is put back on exit.
+    Triton 3.9's interpreter types a comparison's result as its operands' type (its values are
+    bools), so a scalar comparison used as a load mask is splatted to integers and refused ("mask
+    has unsupported dtype"): comparisons are typed int1 here, as compiled Triton types them.
     """
     from triton.runtime import interpreter
 
-    spaces = (tl, tl.core, tl.math, tl.tensor, tl.dtype, tl.core.tensor_descriptor_base)
+    spaces = (tl, tl.core, tl.math, tl.tensor, tl.dtype, tl.core.tensor_descriptor_base,
+              interpreter.InterpreterBuilder)
     saved = [(ns, dict(vars(ns))) for ns in spaces]
     saved_tensor, saved_core = interpreter._patch_lang_tensor, interpreter._patch_lang_core
 
@@ -221,9 +225,19 @@ def _interpreting() -> Iterator[None]:
 
         scope.set_attr(lang.dtype, "to_ir", fnuz_to_ir)
 
+    def typed_int1(compare: Any) -> Any:
+        def run(self: Any, lhs: Any, rhs: Any) -> Any:
+            out = compare(self, lhs, rhs)
+            return out if out.dtype == tl.int1 else interpreter.TensorHandle(out.data.astype(bool), tl.int1)
+
+        return run
+
     try:
         for name, fn in _interpreted_stdlib().items():
             setattr(tl, name, fn)
+        for name, compare in vars(interpreter.InterpreterBuilder).items():
+            if name.startswith(("create_icmp", "create_fcmp")):
+                setattr(interpreter.InterpreterBuilder, name, typed_int1(compare))
         interpreter._patch_lang_tensor = patch_lang_tensor
         interpreter._patch_lang_core = patch_lang_core
         yield

@@ -144,6 +144,12 @@ def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> 
 _MEASURED_BEST: dict[tuple[int, int], str] = {(1, 32): "tma", (1, 64): "tma", (2, 32): "tma", (2, 64): "rows"}
 
 
+#: The Triton whose register allocation the variants are tuned for (the H200 runs torch's 3.6): under
+#: 3.9 the same sm_90 builds take more registers (fewer programs per SM) and "rows" spills under its
+#: 128-register cap. The grid follows the real register count, so results stay right; the budgets
+#: (tests/gluon) hold for this version, and a newer one needs retuning on an H200.
+TUNED_TRITON = "3.6"
+
 #: Launch variants the H200 benchmark times side by side (``bench/h200_decode_vs_deepgemm.py``).
 VARIANTS: dict[str, PagedConfig] = {
     "base": PagedConfig(),
@@ -607,7 +613,7 @@ def _tma_usable(kv_cache: torch.Tensor, shape: _Shape, arch: str) -> bool:
 class _Launch:
     """What a call signature needs at launch: the bound kernel (``launch.BoundKernel``: Triton's C
     launcher and constant arguments; it also keeps the encoded TMA descriptors), the grid, the
-    constexprs, the stride arguments."""
+    constexprs, the stride arguments, and the variant it was built for."""
 
     bound: Any
     programs: int
@@ -615,6 +621,7 @@ class _Launch:
     tma: bool
     tile: int
     strides: tuple[int, ...]
+    config: PagedConfig
 
 
 #: Launch state per call signature (see _signature). Bounded: a caller whose strides change on
@@ -740,7 +747,7 @@ def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
         programs = min(cfg.programs_per_sm, fit) * sms
     if bound:
         launch = _Launch(bound, programs, tuple(constexprs.values()), constexprs["USE_TMA"], cfg.tile,
-                         strides)
+                         strides, cfg)
         with _LAUNCH_LOCK:
             if len(_LAUNCHES) >= _LAUNCHES_MAX:
                 _LAUNCHES.clear()
@@ -776,9 +783,6 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
         block_tables = block_tables.contiguous()
     interpret = bool(triton.knobs.runtime.interpret)
     if not interpret:
-        if q.device.type != "cuda":
-            raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors "
-                               "run only under the Triton interpreter (set TRITON_INTERPRET=1)")
         cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
         key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, cfg)
         launch = _LAUNCHES.get(key)
@@ -801,7 +805,11 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  clean_logits: bool, cfg: PagedConfig, key: tuple[Any, ...],
                  interpret: bool) -> torch.Tensor:
     """The first call of a signature (checks, compile, grid), the interpreter, gfx942's fnuz path,
-    and launches with Triton's launch hooks set."""
+    and launches with Triton's launch hooks set. (A signature holds the device, so a cached launch
+    never meets CPU tensors: the device check runs here, once per signature.)"""
+    if not interpret and _arch_of(q.device) == "cpu":
+        raise RuntimeError(f"fp8_paged_mqa_logits_triton got tensors on {q.device}: CPU tensors "
+                           "run only under the Triton interpreter (set TRITON_INTERPRET=1)")
     _check(q, kv_cache, max_context_len)
     b, next_n, h, d = q.shape
     block_size = kv_cache.shape[1]
