@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "providers", "gluon"))
 from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g  # noqa: E402
+from mqa_provider_gluon.ops import persistent_schedule as sched  # noqa: E402
 
 D = 128
 
@@ -36,6 +38,110 @@ def test_config_validation() -> None:
     assert g.persistent_split(8192, 8192, 4, 64, 528) == (1, 128)
     splits, tps = g.persistent_split(4096, 16384, 8, 64, 528)
     assert splits * tps >= 256 and (splits - 1) * tps < 256 and 512 * splits >= 528
+
+
+def _split_cost(M: int, N: int, bq: int, sms: int, item_cost: float, splits: int) -> tuple[float, int, int]:
+    nt = -(-N // 64)
+    tps = -(-nt // splits)
+    s = -(-nt // tps)
+    return -(-(-(-M // bq) * s) // sms) * (tps + item_cost), s, tps
+
+
+def test_balanced_split_is_the_cheapest_valid_split() -> None:
+    rng = random.Random(14)
+    for _ in range(200):
+        M, N = rng.randint(1, 3000), rng.randint(1, 40000)
+        bq, sms, item_cost = rng.choice([2, 4, 8, 16]), rng.choice([1, 7, 132]), rng.choice([0, 1, 2.5])
+        splits, tps = g.persistent_split_balanced(M, N, bq, 64, sms, item_cost)
+        nt = -(-N // 64)
+        assert (splits - 1) * tps < nt <= splits * tps, (M, N, splits, tps)
+        brute = min(_split_cost(M, N, bq, sms, item_cost, s) for s in range(1, nt + 1))
+        assert (_split_cost(M, N, bq, sms, item_cost, splits), splits) == (brute, brute[1]), (M, N, bq, sms)
+
+
+def test_balanced_split_on_the_engine_shapes() -> None:
+    # 256 x 64k at H=64: one round of 128 items (the "items" rule: 576 items of 114 tiles, 5 rounds)
+    assert g.persistent_split_balanced(256, 65536, 4, 64, 132) == (2, 512)
+    assert g.persistent_split(256, 65536, 4, 64, 4 * 132) == (9, 114)
+    assert g.persistent_split_balanced(1024, 1024, 4, 64, 132) == (1, 16)  # 1k x 1k causal: whole rows
+    assert g.persistent_split_balanced(512, 4096, 8, 64, 132) == (2, 32)
+    assert g.persistent_split_balanced(1024, 8192, 4, 64, 132) == (1, 128)
+
+
+def test_shape_rule_keeps_large_calls_on_the_measured_defaults() -> None:
+    small = [(128, 2048, 64), (512, 4096, 32), (1024, 8192, 64), (1024, 1024, 64), (256, 65536, 64),
+             (1024, 8192, 32), (1, 100, 64)]
+    large = [(8192, 8192, 64), (10992, 10992, 32), (3840, 27648, 64), (4096, 32768, 64), (1024, 131072, 32),
+             (4096, 16384, 64), (4096, 16384, 32)]
+    for M, N, H in small:
+        assert g.shape_config(M, N, H, 132) == g.SMALL_CONFIG, (M, N, H)
+    for M, N, H in large:
+        assert g.shape_config(M, N, H, 132) == g.LARGE_CONFIG, (M, N, H)
+    assert g.shape_config(128, 2048, 64, 0) == g.LARGE_CONFIG  # no SM count (a CPU tensor): defaults
+    for pairs in (g.SMALL_CONFIG, g.LARGE_CONFIG):  # what the rule gives is a valid config for both H
+        for H in (32, 64):
+            g.resolve_config(H, dict(pairs))
+
+
+def test_filler_config() -> None:
+    cfg = g.resolve_config(32, {"filler": True})
+    assert cfg["p_math_regs"] == 240  # 248 leaves the default math partition 232: it spills at H=32
+    assert g.resolve_config(32)["p_math_regs"] == 248
+    _, kw = g.kernel_launch_args(cfg, 32, clean_logits=True)
+    assert kw["FILL"] == 1 and kw["FILL_REGS"] == 24
+    _, kw = g.kernel_launch_args(cfg, 32, clean_logits=False)
+    assert kw["FILL"] == 0 and kw["FILL_REGS"] == 0  # nothing to fill: the 3-partition kernel
+    with pytest.raises(ValueError, match="split"):
+        g.resolve_config(64, {"split": "even"})
+    with pytest.raises(ValueError, match="kernel"):
+        g.resolve_config(64, {"kernel": "cuda"})
+    with pytest.raises(ValueError, match="persistent"):
+        g.resolve_config(64, {"filler": True, "persistent": False})
+
+
+def _random_windows(M: int, N: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    kind = rng.choice(["causal", "packed", "ragged", "sliding"])
+    if kind == "causal":
+        ks = [0] * M
+        ke = [N - M + m + 1 for m in range(M)]
+    elif kind == "sliding":
+        w = rng.randint(1, N)
+        ke = [N - M + m + 1 for m in range(M)]
+        ks = [e - w for e in ke]
+    elif kind == "packed":
+        ks, ke, start = [], [], 0
+        while len(ks) < M:
+            q = min(M - len(ks), rng.randint(1, max(1, M // 3)))
+            keys = rng.randint(q, max(q, N // 3))
+            ks += [start] * q
+            ke += [start + keys - q + p + 1 for p in range(q)]
+            start += keys
+    else:
+        ks = [rng.randint(-20, N) for _ in range(M)]
+        ke = [a + rng.randint(-30, N + 40) for a in ks]
+    return ks, ke
+
+
+def test_every_split_rule_covers_each_tile_once() -> None:
+    """The kernel writes a cell only through its item's computed or filled tiles: with either split
+    rule, every (query block, key tile) belongs to exactly one item, and every tile that meets a window
+    of its block is computed."""
+    rng = random.Random(9)
+    for _ in range(120):
+        M, N, bq, sms = rng.randint(1, 300), rng.randint(1, 3000), rng.choice([2, 4, 8]), rng.choice([1, 5, 132])
+        ks, ke = _random_windows(M, N, rng)
+        ranges = sched.block_ranges(ks, ke, M, N, bq)
+        nt = -(-N // 64)
+        for splits, tps in (g.persistent_split(M, N, bq, 64, 4 * sms), g.persistent_split_balanced(M, N, bq, 64, sms)):
+            seen: dict[tuple[int, int], int] = {}
+            for items in sched.walk(ranges, N, 64, splits, tps, sms):
+                for it in items:
+                    for t in range(it.c0, it.c1):
+                        seen[(it.mb, t)] = seen.get((it.mb, t), 0) + 1
+                    lo, hi = ranges[it.mb]
+                    needed = set(range(max(lo // 64, it.c0), min(-(-hi // 64), it.c1)))
+                    assert needed <= set(range(it.t0, it.t1)), (M, N, it)
+            assert seen == {(mb, t): 1 for mb in range(len(ranges)) for t in range(nt)}, (M, N, splits, tps)
 
 
 # ----------------------------------------------------------------------------------- CPU: AOT for sm_90
@@ -64,6 +170,9 @@ def _sass(kernel) -> tuple[str, str]:
     (64, True, {"persistent": True}),
     (32, True, {"persistent": True}),
     (32, False, {"persistent": True, "banks": 1}),
+    (64, True, {"filler": True}),
+    (32, True, {"filler": True}),
+    (32, True, {"filler": True, "split": "balanced"}),
 ])
 def test_aot_sm90_uses_fp8_wgmma_without_spills(H: int, clean: bool, config: dict) -> None:
     kernel = g.compile_sm90(H=H, D=D, clean_logits=clean, config=config)
@@ -76,6 +185,18 @@ def test_aot_sm90_uses_fp8_wgmma_without_spills(H: int, clean: bool, config: dic
     assert "LOCAL:0" in res
     if config.get("ws", True):
         assert "SETMAXREG" in sass, "expected warp-specialised register reallocation"
+
+
+@pytest.mark.skipif(g._triton_version_reason() is not None, reason=str(g._triton_version_reason()))
+@pytest.mark.parametrize("H", [32, 64])
+def test_aot_filler_stores_16_bytes_at_a_time(H: int) -> None:
+    """With N and the row stride multiples of 16 (as Triton specialises them), the filler warp's -inf
+    stores are 16-byte vectors; the math partitions keep their (fill-free) epilogue."""
+    with_filler, _ = _sass(g.compile_sm90(H=H, D=D, config={"filler": True}, divisible=("out_stride", "N")))
+    without, _ = _sass(g.compile_sm90(H=H, D=D, config={"filler": False}, divisible=("out_stride", "N")))
+    assert re.search(r"STG\.E\.128", with_filler)
+    assert not re.search(r"\b(LDL|STL)\b", with_filler)
+    assert len(re.findall(r"QGMMA", with_filler)) == len(re.findall(r"QGMMA", without))
 
 
 # ----------------------------------------------------------------------------------- GPU: correctness

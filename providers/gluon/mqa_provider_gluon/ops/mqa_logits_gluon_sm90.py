@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,10 +51,22 @@ DEFAULT_CONFIG: dict[str, Any] = {
     # H200 (bench/notes_gluon.md, 2026-12-02: 850-968 TF/s against 759-838 for the best non-persistent)
     "persistent": True,
     "banks": 2,  # persistent only: the tile's wgmma as 2 async halves (queries split) or 1
-    "items_per_sm": 4,  # persistent only: split key ranges until there are this many items per SM
-    "p_math_regs": 248,  # persistent only: registers of each math partition (232 spills at H=32)
+    # persistent only: how each query block's key tiles are cut into work items. "items": the fewest
+    # equal splits giving items_per_sm items per SM; "balanced": the split with the least modelled
+    # time (rounds x (tiles per item + item_cost)), see persistent_split_balanced
+    "split": "items",
+    "items_per_sm": 4,  # persistent, split="items": split key ranges until there are this many items per SM
+    "item_cost": 1,  # persistent, split="balanced": what starting an item costs, in key tiles
+    # persistent only: registers of the second math partition (the first gets what is left); None:
+    # 248, or 240 with the filler (the default partition then gets 240 instead of 232; AOT: no spills)
+    "p_math_regs": None,
     "p_loader_regs": 24,  # persistent only: registers of the loader warp
+    "filler": False,  # persistent only: a fourth partition (one warp) writes the -inf tiles (clean_logits)
+    "p_fill_regs": 24,  # persistent only: registers of the filler warp
+    "kernel": "gluon",  # "triton": serve the call with the portable Triton kernel (its default config)
 }
+#: Values a key may take, where they are a closed set.
+_CHOICES = {"split": ("items", "balanced"), "kernel": ("gluon", "triton")}
 
 
 def _triton_version_reason() -> str | None:
@@ -111,6 +124,9 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from ..launch import bind, hooks_active, int_class
 
     _jit, _constexpr_function = gluon.jit, gluon.constexpr_function
+    # Sizes and split counts change per call: specialising on them (== 1, % 16) would compile a variant
+    # per size class on first use. N and the row stride stay specialised: they make stores 16-byte wide.
+    _jit_sizes = gluon.jit(do_not_specialize=["M", "num_splits", "tps"])
     _GLUON_IMPORT_ERROR: str | None = None
 except Exception as _exc:  # pragma: no cover - depends on the installed triton
     _GLUON_IMPORT_ERROR = repr(_exc)
@@ -118,7 +134,7 @@ except Exception as _exc:  # pragma: no cover - depends on the installed triton
     def _jit(fn):  # type: ignore[no-redef]
         return fn
 
-    _constexpr_function = _jit
+    _constexpr_function = _jit_sizes = _jit
 
 @_constexpr_function
 def mma_layout(BN, NCOL, num_warps):
@@ -412,11 +428,12 @@ def _p_store(s, ksc, n0, rows, ks, ke, mrow, N, BN: gl.constexpr, CLEAN: gl.cons
 @_jit
 def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
             M, N, num_splits, tps, WG: gl.constexpr, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr,
-            STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr):
+            STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr):
     """One math warpgroup; tiles alternate between the two warpgroups by a global tile counter.
 
     With BANKS=2 the tile's wgmma is issued as two async halves (queries split in two): the first
-    half's epilogue runs while the second half is still on the tensor cores."""
+    half's epilogue runs while the second half is still on the tensor cores. FILL=1: the filler
+    warp writes the -inf tiles, so this warpgroup only computes."""
     QH: gl.constexpr = BQ // BANKS
     NH: gl.constexpr = QH * H
     mlay: gl.constexpr = mma_layout(BN, NH, 4)
@@ -442,10 +459,11 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
                 w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
             t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 4)
             if CLEAN:  # the -inf fill of tiles outside every window: WG 0 before, WG 1 after
-                if WG == 0:
-                    _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, 4)
-                else:
-                    _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, 4)
+                if FILL == 0:
+                    if WG == 0:
+                        _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, 4)
+                    else:
+                        _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, 4)
             if t1 > t0:
                 qs = q_use % 2
                 mbarrier.wait(q_ready.index(qs), (q_use // 2) & 1)
@@ -485,22 +503,50 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
 @_jit
 def _p_math0(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
              M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-             CLEAN: gl.constexpr, BANKS: gl.constexpr):
+             CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr):
     _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            M, N, num_splits, tps, 0, H, BQ, BN, STAGES, CLEAN, BANKS)
+            M, N, num_splits, tps, 0, H, BQ, BN, STAGES, CLEAN, BANKS, FILL)
 
 @_jit
 def _p_math1(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
              M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-             CLEAN: gl.constexpr, BANKS: gl.constexpr):
+             CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr):
     _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            M, N, num_splits, tps, 1, H, BQ, BN, STAGES, CLEAN, BANKS)
+            M, N, num_splits, tps, 1, H, BQ, BN, STAGES, CLEAN, BANKS, FILL)
 
 @_jit
+def _fill_rows(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, BN: gl.constexpr):
+    """-inf into key tiles [first, last) of the block's rows, by one warp: each row's run is
+    contiguous, so it is stored 4 tiles at a time with 16-byte stores and a scalar row pointer."""
+    CH: gl.constexpr = 4 * BN
+    lay: gl.constexpr = gl.BlockedLayout([CH // 32], [32], [1], [0])
+    offs = gl.arange(0, CH, layout=lay)
+    ninf = gl.full([CH], float("-inf"), gl.float32, lay)
+    lim = gl.minimum(last * BN, N)
+    for r in range(gl.minimum(BQ, M - m0)):
+        row = out_ptr + (m0 + r).to(gl.int64) * out_stride
+        for n0 in range(first * BN, lim, CH):
+            n = n0 + offs
+            gl.store(row + n, ninf, mask=n < lim)
+
+@_jit
+def _p_filler(ks_ptr, ke_ptr, out_ptr, out_stride, M, N, num_splits, tps, BQ: gl.constexpr, BN: gl.constexpr):
+    """FILL=1: one warp walks this program's items as the others do and writes the -inf tiles of each
+    (those outside every window of the block), while the math warpgroups compute. The cells it writes
+    are exactly the ones the math warpgroups skip, so it needs no synchronisation with them."""
+    for r in range(_p_rounds(M, num_splits, BQ)):
+        ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
+        if ok:
+            t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 1)
+            _fill_rows(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN)
+            _fill_rows(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN)
+
+@_jit_sizes
 def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N, num_splits, tps,
                        H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                        CLEAN: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                       LOADER_REGS: gl.constexpr, FILL: gl.constexpr, FILL_REGS: gl.constexpr,
+                       num_warps: gl.constexpr):
     """Persistent: grid <= #SMs; program p walks work items (query block, split of tps key tiles) in
     snake order, so one CTA per SM keeps its mbarrier rings, prefetches the next item's Q while the
     math warpgroups finish the current one, and pays the prologue once."""
@@ -519,14 +565,25 @@ def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, 
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both math warpgroups release the Q slot
-    gl.warp_specialize([
-        (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                    out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS)),
-        (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                    out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS)),
-        (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N,
-                     num_splits, tps, H, BQ, BN, STAGES)),
-    ], [4, 1], [MATH_REGS, LOADER_REGS])
+    if FILL == 1:  # a fourth partition, one warp, writes the -inf tiles
+        gl.warp_specialize([
+            (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS, FILL)),
+            (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS, FILL)),
+            (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N,
+                         num_splits, tps, H, BQ, BN, STAGES)),
+            (_p_filler, (ks_ptr, ke_ptr, out_ptr, out_stride, M, N, num_splits, tps, BQ, BN)),
+        ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+    else:
+        gl.warp_specialize([
+            (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS, FILL)),
+            (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS, FILL)),
+            (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N,
+                         num_splits, tps, H, BQ, BN, STAGES)),
+        ], [4, 1], [MATH_REGS, LOADER_REGS])
 
 
 def _kernels() -> dict[str, Any]:
@@ -548,11 +605,21 @@ def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, An
         cfg.update(config)
     if cfg["BQ"] is None:
         cfg["BQ"] = max(1, 256 // H)
+    if cfg["p_math_regs"] is None:
+        cfg["p_math_regs"] = 240 if cfg["filler"] else 248
+    for key, allowed in _CHOICES.items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"config {key!r} must be one of {allowed}, got {cfg[key]!r}")
     bq, bn = cfg["BQ"], cfg["BN"]
     if bq * H > 256 or (bq * H) % 8 or bq & (bq - 1):
         raise ValueError(f"BQ*H must be a multiple of 8 and <= 256 with BQ a power of two (BQ={bq}, H={H})")
     if bn != 64:
         raise ValueError(f"BN must be 64 (one warpgroup's wgmma M), got {bn}")
+    if cfg["filler"] and not cfg["persistent"]:
+        raise ValueError("the filler partition is part of the persistent kernel (persistent=True)")
+    if cfg["items_per_sm"] < 1 or cfg["item_cost"] < 0:
+        raise ValueError(f"items_per_sm must be >= 1 and item_cost >= 0, got {cfg['items_per_sm']}, "
+                         f"{cfg['item_cost']}")
     if cfg["persistent"]:
         if not cfg["ws"] or cfg["relu_abs"]:
             raise ValueError("the persistent kernel is warp specialised and has no relu_abs variant")
@@ -571,7 +638,9 @@ def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple
                   CLEAN=bool(clean_logits), RELU_ABS=bool(cfg["relu_abs"]), num_warps=4)
     if cfg["persistent"]:
         del common["CHUNK"], common["RELU_ABS"]
-        common.update(BANKS=cfg["banks"], MATH_REGS=cfg["p_math_regs"], LOADER_REGS=cfg["p_loader_regs"])
+        fill = int(bool(cfg["filler"] and clean_logits))  # nothing to fill without clean_logits
+        common.update(BANKS=cfg["banks"], MATH_REGS=cfg["p_math_regs"], LOADER_REGS=cfg["p_loader_regs"],
+                      FILL=fill, FILL_REGS=cfg["p_fill_regs"] if fill else 0)
         return "pws", common
     if cfg["ws"]:
         common.update(MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])
@@ -599,6 +668,8 @@ class _Plan:
     #: The constexprs in parameter order: the C launcher skips them, but counts them.
     tail: tuple[Any, ...]
     direct: bool
+    #: Persistent kernel: (M, N) -> (splits, tiles per split), the config's split policy.
+    split: Callable[[int, int], tuple[int, int]] | None = None
 
 
 #: Plans and bound kernels per call signature. Bounded: a process sees a handful of signatures.
@@ -621,8 +692,19 @@ def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: An
     cache[key] = value
 
 
+@functools.cache
 def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    """SMs of a CUDA device (0 for the CPU, -1): a device does not change what it has."""
+    return torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
+
+
+def _split_policy(cfg: dict[str, Any], sms: int) -> Callable[[int, int], tuple[int, int]]:
+    bq, bn = cfg["BQ"], cfg["BN"]
+    if cfg["split"] == "balanced":
+        cost = cfg["item_cost"]
+        return lambda M, N: persistent_split_balanced(M, N, bq, bn, sms, cost)
+    items = sms * cfg["items_per_sm"]
+    return lambda M, N: persistent_split(M, N, bq, bn, items)
 
 
 def _make_plan(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
@@ -632,30 +714,35 @@ def _make_plan(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights:
 
     from ..launch import direct_launch_unsupported
 
+    M, H, D = q.shape
+    cfg = resolve_config(H, config)
+    if cfg["kernel"] == "triton":  # served by the portable kernel, which decides the rest itself
+        return _Plan(device=q.device, cfg=cfg, name="triton", kw={}, fn=None, sms=0, q_layout=None,
+                     k_layout=None, prepare=False, tail=(), direct=False)
     reason = gluon_supported(q.device)
     if reason:
         raise RuntimeError(reason)
-    M, H, D = q.shape
     if q.dtype != torch.float8_e4m3fn or k.dtype != torch.float8_e4m3fn:
         raise TypeError(f"q and k must be float8_e4m3fn, got {q.dtype} and {k.dtype}")
     if k.shape[1] != D or D % 16 or D > 256:
         raise ValueError(f"need k [N, D] with q's D, D a multiple of 16 and <= 256; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
-    cfg = resolve_config(H, config)
     name, kw = kernel_launch_args(cfg, H, clean_logits)
     fn = _kernels()[name]
     params = fn.arg_names[_RUNTIME[name]:]
+    sms = _multiprocessors(q.get_device())
     # TMA reads q as [M*H, D] rows and k as [N, D] rows: 16-byte aligned bases and row strides,
     # unit inner strides. The kernel indexes weights as [M, H] rows and the rest as vectors.
     q_ok = q.stride() == (H * D, D, 1) and ptrs[0] % 16 == 0
     k_ok = k.stride(1) == 1 and k.stride(0) % 16 == 0 and ptrs[1] % 16 == 0
     vec_ok = all(t.stride(0) == 1 for t in (k_scale, ks, ke)) and weights.stride() == (H, 1)
     dtypes_ok = (k_scale.dtype == weights.dtype == torch.float32 and ks.dtype == ke.dtype == torch.int32)
-    return _Plan(device=q.device, cfg=cfg, name=name, kw=kw, fn=fn, sms=_multiprocessors(q.get_device()),
+    return _Plan(device=q.device, cfg=cfg, name=name, kw=kw, fn=fn, sms=sms,
                  q_layout=gl.NVMMASharedLayout.get_default_for([cfg["BQ"] * H, D], gl.float8e4nv),
                  k_layout=gl.NVMMASharedLayout.get_default_for([cfg["BN"], D], gl.float8e4nv),
                  prepare=not (q_ok and k_ok and vec_ok and dtypes_ok), tail=tuple(kw[p] for p in params),
-                 direct=direct_launch_unsupported() is None)
+                 direct=direct_launch_unsupported() is None,
+                 split=_split_policy(cfg, sms) if name == "pws" else None)
 
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
@@ -692,6 +779,7 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
 
     Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA).
+    Without ``config``, :func:`shape_config` picks one from (M, N, H) and the device's SM count.
     The first call of a signature (devices, dtypes, strides, alignments, config) decides the kernel,
     its constexprs and any copies, and launches through Triton; later ones, with ``direct`` (the
     default), launch the kernel Triton compiled then, with TMA descriptors encoded once per tensor
@@ -704,8 +792,10 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
     misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
     kst = k.stride()
-    key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
-           ke.get_device(), clean_logits, tuple(sorted(config.items())) if config else None, q.dtype, k.dtype,
+    dev = q.get_device()
+    chosen = tuple(sorted(config.items())) if config else shape_config(M, N, H, _multiprocessors(dev))
+    key = (dev, k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
+           ke.get_device(), clean_logits, chosen, q.dtype, k.dtype,
            k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), kst, k_scale.stride(),
            weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
     plan = _PLANS.get(key)
@@ -713,8 +803,12 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         if len(set(key[:6])) != 1:
             raise ValueError("fp8_mqa_logits_gluon: all tensors must be on one device; got "
                              f"{[str(t.device) for t in (q, k, k_scale, weights, ks, ke)]}")
-        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, config, ptrs)
+        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, dict(chosen), ptrs)
         _remember(_PLANS, key, plan)
+    if plan.name == "triton":
+        from .mqa_logits_triton import fp8_mqa_logits_triton
+
+        return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, clean_logits, direct=direct)
     if plan.prepare:
         q, k, k_scale, weights, ks, ke = _prepare(q, k, k_scale, weights, ks, ke)
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
@@ -727,7 +821,7 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     cfg = plan.cfg
     bq, bn = cfg["BQ"], cfg["BN"]
     if plan.name == "pws":
-        splits, tps = persistent_split(M, N, bq, bn, plan.sms * cfg["items_per_sm"])
+        splits, tps = plan.split(M, N)  # type: ignore[misc]
         grid = (min(plan.sms, triton_cdiv(M, bq) * splits), 1)
         ints: tuple[int, ...] = (n_pad, M, N, splits, tps)
     else:
@@ -798,14 +892,69 @@ def persistent_split(M: int, N: int, bq: int, bn: int, items: int) -> tuple[int,
     return triton_cdiv(n_tiles, tps), tps
 
 
+@functools.lru_cache(maxsize=1024)
+def persistent_split_balanced(M: int, N: int, bq: int, bn: int, sms: int, item_cost: float = 1) -> tuple[int, int]:
+    """(splits, tiles per split) with the least modelled time when every row sees every key.
+
+    The persistent grid walks ``cdiv(M, bq) * splits`` items in rounds of ``sms``: its busiest program
+    takes ``ceil(items / sms)`` items of ``tps`` tiles, each costing ``item_cost`` tiles more to start
+    (window loads, the pipeline turning over). The "items" rule can leave a partial last round of
+    large items: at M=256, N=64k, H=64 it makes 576 items of 114 tiles, 5 rounds with 48 of 132
+    programs busy in the last (575 tiles for the busiest, 496 on average); this picks 128 items of
+    512 tiles, one round (513). Ties go to fewer splits: fewer Q loads. Only distinct ``tps`` values
+    are tried (O(sqrt(tiles)) of them); memoised, as engines repeat their shapes.
+    """
+    num_mb, n_tiles = triton_cdiv(M, bq), triton_cdiv(N, bn)
+    best = (float("inf"), 1, n_tiles)
+    s = 1
+    while s <= n_tiles:
+        tps = triton_cdiv(n_tiles, s)
+        splits = triton_cdiv(n_tiles, tps)
+        cost = triton_cdiv(num_mb * splits, sms) * (tps + item_cost)
+        if cost < best[0]:
+            best = (cost, splits, tps)
+        if tps == 1:
+            break
+        s = triton_cdiv(n_tiles, tps - 1)  # the fewest splits that make the items shorter
+    return best[1], best[2]
+
+
+#: A call is "large" above this many key tiles per SM when every row sees every key (about 0.4 ms of
+#: work on an H200): large calls keep the config measured on the large benchmark shapes.
+LARGE_TILES_PER_SM = 768
+#: What :func:`shape_config` gives small and mid calls, and large ones (today's defaults).
+SMALL_CONFIG: tuple[tuple[str, Any], ...] = (("filler", True), ("split", "balanced"))
+LARGE_CONFIG: tuple[tuple[str, Any], ...] = ()
+
+
+@functools.lru_cache(maxsize=1024)
+def shape_config(M: int, N: int, H: int, sms: int) -> tuple[tuple[str, Any], ...]:
+    """The config of a call that names none, as (key, value) pairs over DEFAULT_CONFIG.
+
+    Small and mid calls (<= LARGE_TILES_PER_SM dense key tiles per SM) are where the launch shape
+    decides: a balanced key split (no partial last round of long items) and the filler warp (the -inf
+    tiles written while the math warpgroups compute, not between their tiles). Large calls keep
+    today's config. Only (M, N, H) and the SM count are known on the host without a sync, so windows
+    (causal, packed, sliding) cannot enter the rule. Pure and memoised: one lookup per call.
+    """
+    if sms <= 0:
+        return LARGE_CONFIG
+    bq = max(1, 256 // H)
+    dense = triton_cdiv(M, bq) * triton_cdiv(N, 64) / sms
+    return SMALL_CONFIG if dense <= LARGE_TILES_PER_SM else LARGE_CONFIG
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None):
+def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None,
+                 divisible: tuple[str, ...] = ()):
     """Compile the kernel ahead of time for sm_90 (no GPU needed); returns triton's CompiledKernel.
 
     ``.asm["cubin"]`` holds the binary; disassemble it with the cuobjdump shipped with triton.
+    ``divisible``: int parameters to compile as multiples of 16, as Triton specialises them at run
+    time when they are (e.g. ``("out_stride", "N")`` for N % 16 == 0).
     """
     reason = _triton_version_reason()
     if reason:
@@ -839,6 +988,6 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
     sig["num_warps"] = "constexpr"
     constexprs[(fn.arg_names.index("num_warps"), )] = options["num_warps"]
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in ("w_ptr", "ksc_ptr", "ks_ptr", "ke_ptr",
-                                                                            "out_ptr")}
+                                                                            "out_ptr", *divisible)}
     src = GluonASTSource(fn, sig, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
