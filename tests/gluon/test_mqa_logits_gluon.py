@@ -84,19 +84,24 @@ def test_shape_rule_keeps_large_calls_on_the_measured_defaults() -> None:
 
 
 def test_filler_config() -> None:
-    cfg = g.resolve_config(32, {"filler": True})
-    assert cfg["p_math_regs"] == 240  # 248 leaves the default math partition 232: it spills at H=32
-    assert g.resolve_config(32)["p_math_regs"] == 248
-    _, kw = g.kernel_launch_args(cfg, 32, clean_logits=True)
-    assert kw["FILL"] == 1 and kw["FILL_REGS"] == 24
-    _, kw = g.kernel_launch_args(cfg, 32, clean_logits=False)
-    assert kw["FILL"] == 0 and kw["FILL_REGS"] == 0  # nothing to fill: the 3-partition kernel
+    def regs(config: dict, clean: bool = True) -> tuple[int, int, int, int]:
+        _, kw = g.kernel_launch_args(g.resolve_config(32, config), 32, clean_logits=clean)
+        return kw["FILL"], kw["DYN"], kw["MATH_REGS"], kw["FILL_REGS"]
+
+    # the registers that compile without spills (test_aot_persistent_variants_do_not_spill)
+    assert regs({}) == (0, 0, 248, 0)
+    assert regs({"filler": True}) == (1, 0, 240, 24)  # 248 would leave the default partition 232
+    assert regs({"filler": True, "dynamic": True}) == (1, 1, 232, 32)
+    assert regs({"dynamic": True}) == (0, 1, 248, 0)
+    assert regs({"filler": True}, clean=False) == (0, 0, 248, 0)  # nothing to fill: the 3-partition kernel
+    assert regs({"filler": True, "p_math_regs": 224}) == (1, 0, 224, 24)
     with pytest.raises(ValueError, match="split"):
         g.resolve_config(64, {"split": "even"})
     with pytest.raises(ValueError, match="kernel"):
         g.resolve_config(64, {"kernel": "cuda"})
-    with pytest.raises(ValueError, match="persistent"):
-        g.resolve_config(64, {"filler": True, "persistent": False})
+    for key in ("filler", "dynamic"):
+        with pytest.raises(ValueError, match="persistent"):
+            g.resolve_config(64, {key: True, "persistent": False})
 
 
 def _random_windows(M: int, N: int, rng: random.Random) -> tuple[list[int], list[int]]:
@@ -124,8 +129,8 @@ def _random_windows(M: int, N: int, rng: random.Random) -> tuple[list[int], list
 
 def test_every_split_rule_covers_each_tile_once() -> None:
     """The kernel writes a cell only through its item's computed or filled tiles: with either split
-    rule, every (query block, key tile) belongs to exactly one item, and every tile that meets a window
-    of its block is computed."""
+    rule and either order (static snake, dynamic draws), every (query block, key tile) belongs to exactly
+    one item, and every tile that meets a window of its block is computed."""
     rng = random.Random(9)
     for _ in range(120):
         M, N, bq, sms = rng.randint(1, 300), rng.randint(1, 3000), rng.choice([2, 4, 8]), rng.choice([1, 5, 132])
@@ -133,15 +138,20 @@ def test_every_split_rule_covers_each_tile_once() -> None:
         ranges = sched.block_ranges(ks, ke, M, N, bq)
         nt = -(-N // 64)
         for splits, tps in (g.persistent_split(M, N, bq, 64, 4 * sms), g.persistent_split_balanced(M, N, bq, 64, sms)):
-            seen: dict[tuple[int, int], int] = {}
-            for items in sched.walk(ranges, N, 64, splits, tps, sms):
-                for it in items:
-                    for t in range(it.c0, it.c1):
-                        seen[(it.mb, t)] = seen.get((it.mb, t), 0) + 1
-                    lo, hi = ranges[it.mb]
-                    needed = set(range(max(lo // 64, it.c0), min(-(-hi // 64), it.c1)))
-                    assert needed <= set(range(it.t0, it.t1)), (M, N, it)
-            assert seen == {(mb, t): 1 for mb in range(len(ranges)) for t in range(nt)}, (M, N, splits, tps)
+            for walk in (sched.walk, sched.walk_dynamic):
+                _check_cover(ranges, N, nt, splits, tps, walk(ranges, N, 64, splits, tps, sms))
+
+
+def _check_cover(ranges, N: int, nt: int, splits: int, tps: int, programs) -> None:
+    seen: dict[tuple[int, int], int] = {}
+    for items in programs:
+        for it in items:
+            for t in range(it.c0, it.c1):
+                seen[(it.mb, t)] = seen.get((it.mb, t), 0) + 1
+            lo, hi = ranges[it.mb]
+            needed = set(range(max(lo // 64, it.c0), min(-(-hi // 64), it.c1)))
+            assert needed <= set(range(it.t0, it.t1)), (N, it)
+    assert seen == {(mb, t): 1 for mb in range(len(ranges)) for t in range(nt)}, (N, splits, tps)
 
 
 # ----------------------------------------------------------------------------------- CPU: AOT for sm_90
@@ -189,6 +199,22 @@ def test_aot_sm90_uses_fp8_wgmma_without_spills(H: int, clean: bool, config: dic
 
 @pytest.mark.skipif(g._triton_version_reason() is not None, reason=str(g._triton_version_reason()))
 @pytest.mark.parametrize("H", [32, 64])
+@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("config", [{"filler": True}, {"dynamic": True}, {"filler": True, "dynamic": True},
+                                    {"filler": True, "split": "balanced"}])
+def test_aot_persistent_variants_do_not_spill(H: int, clean: bool, config: dict) -> None:
+    """As Triton builds them on the GPU when N and the row stride are multiples of 16 (the engine
+    shapes): no spills with the registers resolve_config/kernel_launch_args give; the dynamic kernel
+    draws items with global atomics, the static one has none."""
+    sass, res = _sass(g.compile_sm90(H=H, D=D, clean_logits=clean, config=config, divisible=("out_stride", "N")))
+    assert not re.search(r"\b(LDL|STL)\b", sass), "register spills"
+    assert "LOCAL:0" in res
+    assert bool(re.search(r"ATOMG\.E\.ADD", sass)) == bool(config.get("dynamic"))
+    assert len(re.findall(r"QGMMA\.64x(\d+)x32", sass)) == 16
+
+
+@pytest.mark.skipif(g._triton_version_reason() is not None, reason=str(g._triton_version_reason()))
+@pytest.mark.parametrize("H", [32, 64])
 def test_aot_filler_stores_16_bytes_at_a_time(H: int) -> None:
     """With N and the row stride multiples of 16 (as Triton specialises them), the filler warp's -inf
     stores are 16-byte vectors; the math partitions keep their (fill-free) epilogue."""
@@ -228,7 +254,9 @@ def _windows(M: int, N: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.
 @pytest.mark.parametrize("clean", [True, False])
 @pytest.mark.parametrize("config", [{}, {"persistent": False, "ws": False},
                                     {"persistent": False, "relu_abs": True, "CHUNK": 2}, {"persistent": False},
-                                    {"persistent": True, "banks": 1, "items_per_sm": 64}])
+                                    {"persistent": True, "banks": 1, "items_per_sm": 64},
+                                    {"filler": True, "split": "balanced"}, {"dynamic": True},
+                                    {"dynamic": True, "filler": True, "items_per_sm": 16}])
 def test_matches_reference(M: int, N: int, H: int, clean: bool, config: dict) -> None:
     reason = g.gluon_supported()
     if reason:
@@ -251,3 +279,30 @@ def test_matches_reference(M: int, N: int, H: int, clean: bool, config: dict) ->
     assert torch.isfinite(out[fin]).all()
     if fin.any():
         assert _calc_diff(out[fin], ref[fin]) < 1e-3
+
+
+@pytest.mark.cuda
+def test_dynamic_counters_are_left_zero() -> None:
+    """The dynamic kernel's last program re-arms the grid-wide counter: launch after launch on one
+    stream (and on a second stream, which gets its own counters) gives the right result."""
+    reason = g.gluon_supported()
+    if reason:
+        pytest.skip(reason)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    M, N, H = 300, 5000, 64
+    q = torch.randn(M, H, D, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    k = torch.randn(N, D, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(N, device="cuda", generator=gen) + 0.25
+    w = torch.randn(M, H, device="cuda", generator=gen) * H**-0.5
+    ks, ke = _windows(M, N, gen)
+    ref = _reference(q, k, k_scale, w, ks, ke)
+    fin = torch.isfinite(ref)
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream()):
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                out = g.fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True, config={"dynamic": True, "filler": True})
+        torch.cuda.synchronize()
+        assert torch.equal(torch.isneginf(out), ~fin)
+        assert _calc_diff(out[fin], ref[fin]) < 1e-3
+    assert len(g._SCHED) >= 2 and all(int(t.abs().sum()) == 0 for t in g._SCHED.values())

@@ -266,8 +266,9 @@ def _gluon_ready() -> str | None:
 
 
 @pytest.mark.skipif(_gluon_ready() is not None, reason=str(_gluon_ready()))
-@pytest.mark.parametrize("config", [None, {"persistent": False}, {"split": "items"}, {"kernel": "triton"}],
-                         ids=["persistent", "ws", "today", "routed-to-triton"])
+@pytest.mark.parametrize("config", [None, {"persistent": False}, {"split": "items"}, {"kernel": "triton"},
+                                    {"dynamic": True, "filler": True}],
+                         ids=["persistent", "ws", "today", "routed-to-triton", "dynamic"])
 def test_gluon_direct_launch_matches_triton(host, config):
     # N and the row stride are specialised (== 1, % 16): they pick the binary too. Without a config the
     # shape rule picks one (here: the filler warp and a balanced split), with {"persistent": False} the

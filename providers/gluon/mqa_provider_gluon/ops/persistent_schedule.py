@@ -11,6 +11,7 @@ H200 (fitted to the 2026-12-02 engine run; see the bench script).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Sequence
 
 
@@ -69,6 +70,36 @@ def walk(ranges: Sequence[tuple[int, int]], N: int, bn: int, splits: int, tps: i
             t0 = min(max(lo // bn, c0), c1)
             t1 = max(min(cdiv(hi, bn), c1), t0)
             programs[p].append(Item(mb, c0, c1, t0, t1))
+    return programs
+
+
+def items_in_order(ranges: Sequence[tuple[int, int]], N: int, bn: int, splits: int, tps: int) -> list[Item]:
+    """Every item by index (``_p_decode``): query blocks heaviest first, then their key splits."""
+    num_mb, n_tiles = len(ranges), cdiv(N, bn)
+    out = []
+    for idx in range(num_mb * splits):
+        mb = num_mb - 1 - idx // splits
+        c0 = (idx % splits) * tps
+        c1 = min(c0 + tps, n_tiles)
+        lo, hi = ranges[mb]
+        t0 = min(max(lo // bn, c0), c1)
+        out.append(Item(mb, c0, c1, t0, max(min(cdiv(hi, bn), c1), t0)))
+    return out
+
+
+def walk_dynamic(ranges: Sequence[tuple[int, int]], N: int, bn: int, splits: int, tps: int, sms: int,
+                 item_cost: float = 1.0, empty_cost: float = 0.3, fill_cost: float = 0.0) -> list[list[Item]]:
+    """The items of each program when they draw from a grid-wide counter (``dynamic``): item i goes
+    to the program that frees up first (the loader draws one item ahead; ignored here)."""
+    items = items_in_order(ranges, N, bn, splits, tps)
+    grid = min(sms, len(items))
+    programs: list[list[Item]] = [[] for _ in range(grid)]
+    free = [(0.0, p) for p in range(grid)]
+    for it in items:
+        t, p = heapq.heappop(free)
+        programs[p].append(it)
+        cost = (item_cost if it.computed else empty_cost) + it.computed + fill_cost * it.filled
+        heapq.heappush(free, (t + cost, p))
     return programs
 
 
