@@ -416,8 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--commit", help="the commit to record when this copy of the repository has no .git")
     ap.add_argument("--variants", nargs="?", const="all", metavar="NAMES",
                     help="only the Gluon launch-variant sweep (bench/engine_variants.py): all, or a comma list")
-    ap.add_argument("--precheck-timeout", type=float, default=90.0,
-                    help="seconds for the variant precheck subprocess (default 90)")
+    ap.add_argument("--precheck-timeout", type=float, default=75.0,
+                    help="seconds for the variant precheck subprocess (default 75)")
     args = ap.parse_args(argv)
 
     smoke = args.cpu_smoke

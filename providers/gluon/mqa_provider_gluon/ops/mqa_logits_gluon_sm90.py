@@ -133,6 +133,10 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     # Sizes and split counts change per call: specialising on them (== 1, % 16) would compile a variant
     # per size class on first use. N and the row stride stay specialised: they make stores 16-byte wide.
     _jit_sizes = gluon.jit(do_not_specialize=["M", "num_splits", "tps"])
+    # DYN=1: slots of the ring that hands drawn item indices from the loader to the other partitions. The
+    # filler may lag the math warpgroups by a few items (one with a long fill, little compute): 4 slots
+    # keep it from holding the loader back.
+    ITEM_SLOTS = gl.constexpr(4)
     _GLUON_IMPORT_ERROR: str | None = None
 except Exception as _exc:  # pragma: no cover - depends on the installed triton
     _GLUON_IMPORT_ERROR = repr(_exc)
@@ -394,9 +398,9 @@ def _p_item(r, M, N, num_splits, tps, BQ: gl.constexpr, BN: gl.constexpr):
 @_jit
 def _p_publish(sched_ptr, items, item_ready, item_empty, n):
     """DYN=1, loader: draw the next item index from the grid-wide counter and hand it to the other
-    partitions through a 2-slot ring; a slot is free once every one of them has read what it held."""
-    s = n % 2
-    mbarrier.wait(item_empty.index(s), ((n // 2) & 1) ^ 1)
+    partitions through the item ring; a slot is free once every one of them has read what it held."""
+    s = n % ITEM_SLOTS
+    mbarrier.wait(item_empty.index(s), ((n // ITEM_SLOTS) & 1) ^ 1)
     idx = gl.atomic_add(sched_ptr, 1)
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     items.index(s).store(gl.zeros([1], gl.int32, lay) + idx)
@@ -406,8 +410,8 @@ def _p_publish(sched_ptr, items, item_ready, item_empty, n):
 @_jit
 def _p_take(items, item_ready, item_empty, n, num_warps: gl.constexpr):
     """DYN=1, math and filler partitions: the n-th item index this program drew."""
-    s = n % 2
-    mbarrier.wait(item_ready.index(s), (n // 2) & 1)
+    s = n % ITEM_SLOTS
+    mbarrier.wait(item_ready.index(s), (n // ITEM_SLOTS) & 1)
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     idx = gl.max(items.index(s).load(lay), axis=0)
     mbarrier.arrive(item_empty.index(s), count=1)  # after the partition's barrier: every warp has read it
@@ -660,15 +664,16 @@ def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, 
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    items = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    item_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    item_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    items = gl.allocate_shared_memory(gl.int32, [ITEM_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_ready = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
+    item_empty = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both math warpgroups release the Q slot
+    for i in gl.static_range(ITEM_SLOTS):
         mbarrier.init(item_ready.index(i), count=1)
         mbarrier.init(item_empty.index(i), count=2 + FILL)  # read by both math warpgroups (and the filler)
     if FILL == 1:  # a fourth partition, one warp, writes the -inf tiles
