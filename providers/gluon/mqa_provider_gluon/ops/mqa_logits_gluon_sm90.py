@@ -14,12 +14,16 @@ Kernels (both share one epilogue):
 - ``_logits_kernel_pws`` (``persistent=True``): the same partitions in a persistent grid (#SMs) walking
   (query block, key split) items in snake order, Q double-buffered, k_scale loaded before the wgmma wait,
   windows/weights hoisted per item, and (``banks=2``) each tile's wgmma issued as two async halves so the
-  first half's epilogue overlaps the second half's MMA.
+  first half's epilogue overlaps the second half's MMA. Options: ``filler`` (a one-warp partition writes
+  the -inf tiles while the math warpgroups compute), ``dynamic`` (items drawn from a grid-wide counter
+  instead of the snake order), ``split`` (how rows' key tiles are cut into items). Without a config,
+  :func:`shape_config` picks them from (M, N, H) (bench/notes_gluon.md, round 3).
 
-Work split: the grid is (key chunk, query block); a CTA handles CHUNK key tiles of one query block and
-exits early when the chunk misses every window of the block, so the hardware block scheduler balances
-causal windows.  Tiles outside every window but inside [0, N) are filled with -inf by the CTA that owns
-them (clean_logits), so the kernel alone writes every output cell.
+Work split (non-persistent kernels): the grid is (key chunk, query block); a CTA handles CHUNK key
+tiles of one query block and exits early when the chunk misses every window of the block, so the
+hardware block scheduler balances causal windows. Tiles outside every window but inside [0, N) are
+filled with -inf by the CTA (or item) that owns them (clean_logits), so the kernel alone writes every
+output cell.
 
 Gluon is imported lazily: importing this module never fails on another triton version;
 ``gluon_supported()`` says why the kernel cannot run here.
@@ -902,7 +906,8 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
                          config: dict[str, Any] | None = None, direct: bool = True) -> torch.Tensor:
     """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
 
-    Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA).
+    Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA); 16
+    when ``config`` sends the call to the Triton kernel (``kernel="triton"``).
     Without ``config``, :func:`shape_config` picks one from (M, N, H) and the device's SM count.
     The first call of a signature (devices, dtypes, strides, alignments, config) decides the kernel,
     its constexprs and any copies, and launches through Triton; later ones, with ``direct`` (the
