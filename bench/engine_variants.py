@@ -123,12 +123,21 @@ def _precheck_cases(device: torch.device) -> list[tuple[str, Any, torch.Tensor]]
     for (m, n, h), window, seed in (((1, 77, 64), "ragged", 1), ((37, 1024, 32), "ragged", 2),
                                     ((130, 2048, 64), "ragged", 3), ((300, 4096, 32), "causal", 4)):
         x = make_inputs(Problem(m, n, h, 128), device=device, window=window, seed=seed)
-        cases.append((f"{window} M={m} N={n} H={h}", x, x.reference().to(device)))
+        cases.append((f"{window} M={m} N={n} H={h}", x, _oracle(x)))
     packed = wl.Workload(wl.PREFILL, Problem(297, 4000, 64, 128), "packed",
                          requests=((40, 300), (100, 1000), (7, 2000), (150, 700)))
     x = packed.setup(device, 5)
-    cases.append(("packed x4 M=297 N=4000 H=64", x, packed.float64_reference(x)))
+    cases.append(("packed x4 M=297 N=4000 H=64", x, _oracle(x)))
     return cases
+
+
+def _oracle(x: Any) -> torch.Tensor:
+    """float64 logits on the inputs' device (fp8 converted exactly on the CPU)."""
+    from mqa_core.reference import fp8_mqa_logits_ref
+
+    dev = x.q.device
+    return fp8_mqa_logits_ref(x.q.cpu().double().to(dev), x.k.cpu().double().to(dev), x.k_scale, x.weights,
+                              x.ks, x.ke)
 
 
 def precheck_main(names: Sequence[str], smoke: bool = False) -> int:
