@@ -105,7 +105,8 @@ def host(monkeypatch: pytest.MonkeyPatch):
     if _gluon_ready() is None:
         monkeypatch.setattr(g, "gluon_supported", lambda device=None: None)
         monkeypatch.setattr(g, "_multiprocessors", lambda index: 132)
-        held["gluon"] = {name: gluon.jit(fn.fn) for name, fn in g._kernels().items()}
+        held["gluon"] = {name: gluon.jit(fn.fn, do_not_specialize=fn.do_not_specialize)
+                         for name, fn in g._kernels().items()}
         monkeypatch.setattr(g, "_kernels", lambda: held["gluon"])
     calls = []
     real_call = launch.BoundKernel.__call__
@@ -265,9 +266,13 @@ def _gluon_ready() -> str | None:
 
 
 @pytest.mark.skipif(_gluon_ready() is not None, reason=str(_gluon_ready()))
-@pytest.mark.parametrize("config", [None, {"persistent": False}], ids=["persistent", "ws"])
+@pytest.mark.parametrize("config", [None, {"persistent": False}, {"split": "items"}, {"kernel": "triton"},
+                                    {"dynamic": True, "filler": True}],
+                         ids=["persistent", "ws", "today", "routed-to-triton", "dynamic"])
 def test_gluon_direct_launch_matches_triton(host, config):
-    # M, N and the persistent split counts are specialised (== 1, % 16): they pick the binary too.
+    # N and the row stride are specialised (== 1, % 16): they pick the binary too. Without a config the
+    # shape rule picks one (here: the filler warp and a balanced split), with {"persistent": False} the
+    # non-persistent kernel runs.
     for problem, seed in zip([Problem(128, 2048, 64, 128), Problem(37, 77, 32, 128), Problem(1, 300, 64, 128)],
                              (5, 6, 7)):
         for _name, q, k, ksc, w, ks, ke in _variants(problem, seed):

@@ -14,12 +14,16 @@ Kernels (both share one epilogue):
 - ``_logits_kernel_pws`` (``persistent=True``): the same partitions in a persistent grid (#SMs) walking
   (query block, key split) items in snake order, Q double-buffered, k_scale loaded before the wgmma wait,
   windows/weights hoisted per item, and (``banks=2``) each tile's wgmma issued as two async halves so the
-  first half's epilogue overlaps the second half's MMA.
+  first half's epilogue overlaps the second half's MMA. Options: ``filler`` (a one-warp partition writes
+  the -inf tiles while the math warpgroups compute), ``dynamic`` (items drawn from a grid-wide counter
+  instead of the snake order), ``split`` (how rows' key tiles are cut into items). Without a config,
+  :func:`shape_config` picks them from (M, N, H) (bench/notes_gluon.md, round 3).
 
-Work split: the grid is (key chunk, query block); a CTA handles CHUNK key tiles of one query block and
-exits early when the chunk misses every window of the block, so the hardware block scheduler balances
-causal windows.  Tiles outside every window but inside [0, N) are filled with -inf by the CTA that owns
-them (clean_logits), so the kernel alone writes every output cell.
+Work split (non-persistent kernels): the grid is (key chunk, query block); a CTA handles CHUNK key
+tiles of one query block and exits early when the chunk misses every window of the block, so the
+hardware block scheduler balances causal windows. Tiles outside every window but inside [0, N) are
+filled with -inf by the CTA (or item) that owns them (clean_logits), so the kernel alone writes every
+output cell.
 
 Gluon is imported lazily: importing this module never fails on another triton version;
 ``gluon_supported()`` says why the kernel cannot run here.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,10 +55,28 @@ DEFAULT_CONFIG: dict[str, Any] = {
     # H200 (bench/notes_gluon.md, 2026-12-02: 850-968 TF/s against 759-838 for the best non-persistent)
     "persistent": True,
     "banks": 2,  # persistent only: the tile's wgmma as 2 async halves (queries split) or 1
-    "items_per_sm": 4,  # persistent only: split key ranges until there are this many items per SM
-    "p_math_regs": 248,  # persistent only: registers of each math partition (232 spills at H=32)
+    # persistent only: how each query block's key tiles are cut into work items. "items": the fewest
+    # equal splits giving items_per_sm items per SM; "balanced": the split with the least modelled
+    # time (rounds x (tiles per item + item_cost)), see persistent_split_balanced
+    "split": "items",
+    "items_per_sm": 4,  # persistent, split="items": split key ranges until there are this many items per SM
+    "item_cost": 1,  # persistent, split="balanced": what starting an item costs, in key tiles
+    # persistent only: registers of the second math partition (the first gets what is left of 168 x 12
+    # warps); None: what compiles without spills (AOT sm_90, H=32 and 64, N % 16 == 0): 248; 240 with
+    # the filler; 232 with the filler and dynamic (its loader group then holds 32 registers a thread)
+    "p_math_regs": None,
     "p_loader_regs": 24,  # persistent only: registers of the loader warp
+    "filler": False,  # persistent only: a fourth partition (one warp) writes the -inf tiles (clean_logits)
+    # persistent only: registers of the filler warp (the loader's 4-warp group all get the larger of the
+    # two); None: 24, or 32 with dynamic (its item ring state spills at 24, H=32)
+    "p_fill_regs": None,
+    # persistent only: programs draw items from a grid-wide counter (greedy: a packed batch's long rows do
+    # not pile up on one program) instead of walking a static snake order
+    "dynamic": False,
+    "kernel": "gluon",  # "triton": serve the call with the portable Triton kernel (its default config)
 }
+#: Values a key may take, where they are a closed set.
+_CHOICES = {"split": ("items", "balanced"), "kernel": ("gluon", "triton")}
 
 
 def _triton_version_reason() -> str | None:
@@ -111,6 +134,13 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from ..launch import bind, hooks_active, int_class
 
     _jit, _constexpr_function = gluon.jit, gluon.constexpr_function
+    # Sizes and split counts change per call: specialising on them (== 1, % 16) would compile a variant
+    # per size class on first use. N and the row stride stay specialised: they make stores 16-byte wide.
+    _jit_sizes = gluon.jit(do_not_specialize=["M", "num_splits", "tps"])
+    # DYN=1: slots of the ring that hands drawn item indices from the loader to the other partitions. The
+    # filler may lag the math warpgroups by a few items (one with a long fill, little compute): 4 slots
+    # keep it from holding the loader back.
+    ITEM_SLOTS = gl.constexpr(4)
     _GLUON_IMPORT_ERROR: str | None = None
 except Exception as _exc:  # pragma: no cover - depends on the installed triton
     _GLUON_IMPORT_ERROR = repr(_exc)
@@ -118,7 +148,7 @@ except Exception as _exc:  # pragma: no cover - depends on the installed triton
     def _jit(fn):  # type: ignore[no-redef]
         return fn
 
-    _constexpr_function = _jit
+    _constexpr_function = _jit_sizes = _jit
 
 @_constexpr_function
 def mma_layout(BN, NCOL, num_warps):
@@ -350,20 +380,46 @@ def _p_rounds(M, num_splits, BQ: gl.constexpr):
     return gl.cdiv(gl.cdiv(M, BQ) * num_splits, gl.num_programs(0))
 
 @_jit
-def _p_item(r, M, N, num_splits, tps, BQ: gl.constexpr, BN: gl.constexpr):
-    """Work item of round r for this program: snake order over (query block heaviest first, split).
+def _p_decode(idx, M, N, num_splits, tps, BQ: gl.constexpr, BN: gl.constexpr):
+    """Item idx: its query block (heaviest first: in causal prefill ke grows with m) and key tiles [c0, c1)."""
+    mb = gl.cdiv(M, BQ) - 1 - idx // num_splits
+    c0 = (idx % num_splits) * tps
+    c1 = gl.minimum(c0 + tps, gl.cdiv(N, BN))
+    return mb * BQ, c0, c1
 
-    The loader and both math partitions call this with the same arguments, so they walk the same items."""
+@_jit
+def _p_item(r, M, N, num_splits, tps, BQ: gl.constexpr, BN: gl.constexpr):
+    """Work item of round r for this program (DYN=0): snake order over the item indices.
+
+    The loader, both math partitions and the filler call this with the same arguments, so they walk the
+    same items."""
     G = gl.num_programs(0)
-    num_mb = gl.cdiv(M, BQ)
-    n_tiles = gl.cdiv(N, BN)
-    total = num_mb * num_splits
     p = gl.program_id(0)
     idx = r * G + gl.where(r % 2 == 0, p, G - 1 - p)
-    mb = num_mb - 1 - idx // num_splits
-    c0 = (idx % num_splits) * tps
-    c1 = gl.minimum(c0 + tps, n_tiles)
-    return idx < total, mb * BQ, c0, c1
+    m0, c0, c1 = _p_decode(idx, M, N, num_splits, tps, BQ, BN)
+    return idx < gl.cdiv(M, BQ) * num_splits, m0, c0, c1
+
+@_jit
+def _p_publish(sched_ptr, items, item_ready, item_empty, n):
+    """DYN=1, loader: draw the next item index from the grid-wide counter and hand it to the other
+    partitions through the item ring; a slot is free once every one of them has read what it held."""
+    s = n % ITEM_SLOTS
+    mbarrier.wait(item_empty.index(s), ((n // ITEM_SLOTS) & 1) ^ 1)
+    idx = gl.atomic_add(sched_ptr, 1)
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    items.index(s).store(gl.zeros([1], gl.int32, lay) + idx)
+    mbarrier.arrive(item_ready.index(s), count=1)
+    return idx
+
+@_jit
+def _p_take(items, item_ready, item_empty, n, num_warps: gl.constexpr):
+    """DYN=1, math and filler partitions: the n-th item index this program drew."""
+    s = n % ITEM_SLOTS
+    mbarrier.wait(item_ready.index(s), (n // ITEM_SLOTS) & 1)
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    idx = gl.max(items.index(s).load(lay), axis=0)
+    mbarrier.arrive(item_empty.index(s), count=1)  # after the partition's barrier: every warp has read it
+    return idx
 
 @_jit
 def _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
@@ -374,27 +430,52 @@ def _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ: gl.constexpr, BN: gl.constexp
     return t0, t1
 
 @_jit
-def _p_loader(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N, num_splits,
-              tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+def _p_load_item(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N, m0, c0, c1,
+                 g, q_use, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+    t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 1)
+    if t1 > t0:
+        qs = q_use % 2
+        # Q double buffer: the load for this item overlaps the math on the previous one
+        mbarrier.wait(q_empty.index(qs), ((q_use // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [m0 * H, 0], q_ready.index(qs), q_smem.index(qs))
+        for i in range(t1 - t0):
+            s = (g + i) % STAGES
+            mbarrier.wait(empty.index(s), (((g + i) // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [(t0 + i) * BN, 0], ready.index(s), k_smem.index(s))
+        g += t1 - t0
+        q_use += 1
+    return g, q_use
+
+@_jit
+def _p_loader(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, sched_ptr, items,
+              item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr,
+              STAGES: gl.constexpr, DYN: gl.constexpr):
     g = 0
     q_use = 0
-    for r in range(_p_rounds(M, num_splits, BQ)):
-        ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
-        if ok:
-            t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 1)
-            if t1 > t0:
-                qs = q_use % 2
-                # Q double buffer: the load for this item overlaps the math on the previous one
-                mbarrier.wait(q_empty.index(qs), ((q_use // 2) & 1) ^ 1)
-                mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [m0 * H, 0], q_ready.index(qs), q_smem.index(qs))
-                for i in range(t1 - t0):
-                    s = (g + i) % STAGES
-                    mbarrier.wait(empty.index(s), (((g + i) // STAGES) & 1) ^ 1)
-                    mbarrier.expect(ready.index(s), k_desc.block_type.nbytes)
-                    tma.async_copy_global_to_shared(k_desc, [(t0 + i) * BN, 0], ready.index(s), k_smem.index(s))
-                g += t1 - t0
-                q_use += 1
+    if DYN == 0:
+        for r in range(_p_rounds(M, num_splits, BQ)):
+            ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
+            if ok:
+                g, q_use = _p_load_item(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr,
+                                        ke_ptr, M, N, m0, c0, c1, g, q_use, H, BQ, BN, STAGES)
+    else:
+        total = gl.cdiv(M, BQ) * num_splits
+        n = 0
+        idx = _p_publish(sched_ptr, items, item_ready, item_empty, n)
+        while idx < total:
+            m0, c0, c1 = _p_decode(idx, M, N, num_splits, tps, BQ, BN)
+            g, q_use = _p_load_item(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr,
+                                    ke_ptr, M, N, m0, c0, c1, g, q_use, H, BQ, BN, STAGES)
+            n += 1
+            idx = _p_publish(sched_ptr, items, item_ready, item_empty, n)
+        # Every program draws once past the end, then counts itself out; the last one re-arms the
+        # counter for the next launch on this stream (no program draws from it any more).
+        done = gl.atomic_add(sched_ptr + 1, 1)
+        if done == gl.num_programs(0) - 1:
+            gl.atomic_xchg(sched_ptr, 0)
+            gl.atomic_xchg(sched_ptr + 1, 0)
 
 @_jit
 def _p_reduce(acc, w_row, BN: gl.constexpr, QH: gl.constexpr, H: gl.constexpr, olay: gl.constexpr):
@@ -410,100 +491,174 @@ def _p_store(s, ksc, n0, rows, ks, ke, mrow, N, BN: gl.constexpr, CLEAN: gl.cons
     gl.store(rows + n2, s, mask=(n2 < N) & mrow)
 
 @_jit
-def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            M, N, num_splits, tps, WG: gl.constexpr, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr,
-            STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr):
-    """One math warpgroup; tiles alternate between the two warpgroups by a global tile counter.
-
-    With BANKS=2 the tile's wgmma is issued as two async halves (queries split in two): the first
-    half's epilogue runs while the second half is still on the tensor cores."""
+def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                 out_stride, M, N, m0, c0, c1, g, q_use, WG: gl.constexpr, H: gl.constexpr, BQ: gl.constexpr,
+                 BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr,
+                 FILL: gl.constexpr):
     QH: gl.constexpr = BQ // BANKS
     NH: gl.constexpr = QH * H
     mlay: gl.constexpr = mma_layout(BN, NH, 4)
     olay: gl.constexpr = half_out_layout(BN, QH, 4)
+    # per item, issued together so their latencies overlap: windows, weights, row pointers
+    offs_a = m0 + gl.arange(0, QH, layout=gl.SliceLayout(0, olay))
+    mrow_a = gl.expand_dims(offs_a < M, 0)
+    rows_a = out_ptr + gl.expand_dims(offs_a.to(gl.int64) * out_stride, 0)
+    ks_a = gl.expand_dims(gl.load(ks_ptr + offs_a, mask=offs_a < M, other=0), 0)
+    ke_a = gl.expand_dims(gl.load(ke_ptr + offs_a, mask=offs_a < M, other=0), 0)
+    w_a = _load_weights(w_ptr, m0, M, H, QH, False, mlay)
+    if BANKS == 2:
+        offs_b = offs_a + QH
+        mrow_b = gl.expand_dims(offs_b < M, 0)
+        rows_b = out_ptr + gl.expand_dims(offs_b.to(gl.int64) * out_stride, 0)
+        ks_b = gl.expand_dims(gl.load(ks_ptr + offs_b, mask=offs_b < M, other=0), 0)
+        ke_b = gl.expand_dims(gl.load(ke_ptr + offs_b, mask=offs_b < M, other=0), 0)
+        w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
+    t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 4)
+    if CLEAN:  # the -inf fill of tiles outside every window: WG 0 before, WG 1 after
+        if FILL == 0:
+            if WG == 0:
+                _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, 4)
+            else:
+                _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, 4)
+    if t1 > t0:
+        qs = q_use % 2
+        mbarrier.wait(q_ready.index(qs), (q_use // 2) & 1)
+        q_all = q_smem.index(qs)
+        q_a = q_all.slice(0, NH).permute((1, 0))
+        acc_a = gl.zeros([BN, NH], gl.float32, mlay)
+        if BANKS == 2:
+            q_b = q_all.slice(NH, NH).permute((1, 0))
+            acc_b = gl.zeros([BN, NH], gl.float32, mlay)
+        n_t = t1 - t0
+        for i in range((g + WG) % 2, n_t, 2):
+            n0 = (t0 + i) * BN
+            offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay))
+            ksc = gl.load(ksc_ptr + offs_n, mask=offs_n < N, other=0.0)  # in flight during the wgmma
+            s = (g + i) % STAGES
+            mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+            k_tile = k_smem.index(s)
+            acc_a = warpgroup_mma(k_tile, q_a, acc_a, use_acc=False, is_async=True)
+            if BANKS == 2:
+                acc_b = warpgroup_mma(k_tile, q_b, acc_b, use_acc=False, is_async=True)
+                acc_a = warpgroup_mma_wait(1, deps=(acc_a, ))
+                r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
+                acc_b = warpgroup_mma_wait(0, deps=(acc_b, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
+                r_b = _p_reduce(acc_b, w_b, BN, QH, H, olay)
+                _p_store(r_b, ksc, n0, rows_b, ks_b, ke_b, mrow_b, N, BN, CLEAN, olay)
+            else:
+                acc_a = warpgroup_mma_wait(0, deps=(acc_a, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
+                _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
+        mbarrier.arrive(q_empty.index(qs), count=1)
+        g += n_t
+        q_use += 1
+    return g, q_use
+
+@_jit
+def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
+            items, item_ready, item_empty, M, N, num_splits, tps, WG: gl.constexpr, H: gl.constexpr,
+            BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr,
+            FILL: gl.constexpr, DYN: gl.constexpr):
+    """One math warpgroup; tiles alternate between the two warpgroups by a global tile counter.
+
+    With BANKS=2 the tile's wgmma is issued as two async halves (queries split in two): the first
+    half's epilogue runs while the second half is still on the tensor cores. FILL=1: the filler
+    warp writes the -inf tiles, so this warpgroup only computes. DYN=1: items come from the loader."""
     g = 0
     q_use = 0
-    for r in range(_p_rounds(M, num_splits, BQ)):
-        ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
-        if ok:
-            # per item, issued together so their latencies overlap: windows, weights, row pointers
-            offs_a = m0 + gl.arange(0, QH, layout=gl.SliceLayout(0, olay))
-            mrow_a = gl.expand_dims(offs_a < M, 0)
-            rows_a = out_ptr + gl.expand_dims(offs_a.to(gl.int64) * out_stride, 0)
-            ks_a = gl.expand_dims(gl.load(ks_ptr + offs_a, mask=offs_a < M, other=0), 0)
-            ke_a = gl.expand_dims(gl.load(ke_ptr + offs_a, mask=offs_a < M, other=0), 0)
-            w_a = _load_weights(w_ptr, m0, M, H, QH, False, mlay)
-            if BANKS == 2:
-                offs_b = offs_a + QH
-                mrow_b = gl.expand_dims(offs_b < M, 0)
-                rows_b = out_ptr + gl.expand_dims(offs_b.to(gl.int64) * out_stride, 0)
-                ks_b = gl.expand_dims(gl.load(ks_ptr + offs_b, mask=offs_b < M, other=0), 0)
-                ke_b = gl.expand_dims(gl.load(ke_ptr + offs_b, mask=offs_b < M, other=0), 0)
-                w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
-            t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 4)
-            if CLEAN:  # the -inf fill of tiles outside every window: WG 0 before, WG 1 after
-                if WG == 0:
-                    _fill_neg_inf(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN, 4)
-                else:
-                    _fill_neg_inf(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN, 4)
-            if t1 > t0:
-                qs = q_use % 2
-                mbarrier.wait(q_ready.index(qs), (q_use // 2) & 1)
-                q_all = q_smem.index(qs)
-                q_a = q_all.slice(0, NH).permute((1, 0))
-                acc_a = gl.zeros([BN, NH], gl.float32, mlay)
-                if BANKS == 2:
-                    q_b = q_all.slice(NH, NH).permute((1, 0))
-                    acc_b = gl.zeros([BN, NH], gl.float32, mlay)
-                n_t = t1 - t0
-                for i in range((g + WG) % 2, n_t, 2):
-                    n0 = (t0 + i) * BN
-                    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay))
-                    ksc = gl.load(ksc_ptr + offs_n, mask=offs_n < N, other=0.0)  # in flight during the wgmma
-                    s = (g + i) % STAGES
-                    mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
-                    k_tile = k_smem.index(s)
-                    acc_a = warpgroup_mma(k_tile, q_a, acc_a, use_acc=False, is_async=True)
-                    if BANKS == 2:
-                        acc_b = warpgroup_mma(k_tile, q_b, acc_b, use_acc=False, is_async=True)
-                        acc_a = warpgroup_mma_wait(1, deps=(acc_a, ))
-                        r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
-                        acc_b = warpgroup_mma_wait(0, deps=(acc_b, ))
-                        mbarrier.arrive(empty.index(s), count=1)
-                        _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
-                        r_b = _p_reduce(acc_b, w_b, BN, QH, H, olay)
-                        _p_store(r_b, ksc, n0, rows_b, ks_b, ke_b, mrow_b, N, BN, CLEAN, olay)
-                    else:
-                        acc_a = warpgroup_mma_wait(0, deps=(acc_a, ))
-                        mbarrier.arrive(empty.index(s), count=1)
-                        r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
-                        _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
-                mbarrier.arrive(q_empty.index(qs), count=1)
-                g += n_t
-                q_use += 1
+    if DYN == 0:
+        for r in range(_p_rounds(M, num_splits, BQ)):
+            ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
+            if ok:
+                g, q_use = _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr,
+                                        ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, g, q_use, WG, H, BQ, BN,
+                                        STAGES, CLEAN, BANKS, FILL)
+    else:
+        total = gl.cdiv(M, BQ) * num_splits
+        n = 0
+        idx = _p_take(items, item_ready, item_empty, n, 4)
+        while idx < total:
+            m0, c0, c1 = _p_decode(idx, M, N, num_splits, tps, BQ, BN)
+            g, q_use = _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr,
+                                    ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, g, q_use, WG, H, BQ, BN,
+                                    STAGES, CLEAN, BANKS, FILL)
+            n += 1
+            idx = _p_take(items, item_ready, item_empty, n, 4)
 
 @_jit
 def _p_math0(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-             M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-             CLEAN: gl.constexpr, BANKS: gl.constexpr):
+             items, item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr,
+             BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr,
+             DYN: gl.constexpr):
     _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            M, N, num_splits, tps, 0, H, BQ, BN, STAGES, CLEAN, BANKS)
+            items, item_ready, item_empty, M, N, num_splits, tps, 0, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, DYN)
 
 @_jit
 def _p_math1(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-             M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-             CLEAN: gl.constexpr, BANKS: gl.constexpr):
+             items, item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr,
+             BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr,
+             DYN: gl.constexpr):
     _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            M, N, num_splits, tps, 1, H, BQ, BN, STAGES, CLEAN, BANKS)
+            items, item_ready, item_empty, M, N, num_splits, tps, 1, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, DYN)
 
 @_jit
-def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride, M, N, num_splits, tps,
-                       H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+def _fill_rows(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, BN: gl.constexpr):
+    """-inf into key tiles [first, last) of the block's rows, by one warp: each row's run is
+    contiguous, so it is stored 2 tiles at a time, 16 bytes a thread, from a scalar row pointer (4 tiles
+    at a time spill the dynamic filler's 32 registers at H=32)."""
+    CH: gl.constexpr = 2 * BN
+    lay: gl.constexpr = gl.BlockedLayout([CH // 32], [32], [1], [0])
+    offs = gl.arange(0, CH, layout=lay)
+    ninf = gl.full([CH], float("-inf"), gl.float32, lay)
+    lim = gl.minimum(last * BN, N)
+    for r in range(gl.minimum(BQ, M - m0)):
+        row = out_ptr + (m0 + r).to(gl.int64) * out_stride
+        for n0 in range(first * BN, lim, CH):
+            n = n0 + offs
+            gl.store(row + n, ninf, mask=n < lim)
+
+@_jit
+def _p_fill_item(ks_ptr, ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, BQ: gl.constexpr, BN: gl.constexpr):
+    t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 1)
+    _fill_rows(out_ptr, out_stride, m0, M, N, c0, t0, BQ, BN)
+    _fill_rows(out_ptr, out_stride, m0, M, N, t1, c1, BQ, BN)
+
+@_jit
+def _p_filler(ks_ptr, ke_ptr, out_ptr, out_stride, items, item_ready, item_empty, M, N, num_splits, tps,
+              BQ: gl.constexpr, BN: gl.constexpr, DYN: gl.constexpr):
+    """FILL=1: one warp walks this program's items as the others do and writes the -inf tiles of each
+    (those outside every window of the block), while the math warpgroups compute. The cells it writes
+    are exactly the ones the math warpgroups skip, so it needs no synchronisation with them."""
+    if DYN == 0:
+        for r in range(_p_rounds(M, num_splits, BQ)):
+            ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
+            if ok:
+                _p_fill_item(ks_ptr, ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, BQ, BN)
+    else:
+        total = gl.cdiv(M, BQ) * num_splits
+        n = 0
+        idx = _p_take(items, item_ready, item_empty, n, 1)
+        while idx < total:
+            m0, c0, c1 = _p_decode(idx, M, N, num_splits, tps, BQ, BN)
+            _p_fill_item(ks_ptr, ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, BQ, BN)
+            n += 1
+            idx = _p_take(items, item_ready, item_empty, n, 1)
+
+@_jit_sizes
+def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, sched_ptr, out_stride, M, N,
+                       num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                        CLEAN: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """Persistent: grid <= #SMs; program p walks work items (query block, split of tps key tiles) in
-    snake order, so one CTA per SM keeps its mbarrier rings, prefetches the next item's Q while the
-    math warpgroups finish the current one, and pays the prologue once."""
+                       LOADER_REGS: gl.constexpr, FILL: gl.constexpr, FILL_REGS: gl.constexpr, DYN: gl.constexpr,
+                       num_warps: gl.constexpr):
+    """Persistent: grid <= #SMs; program p walks work items (query block, split of tps key tiles), so
+    one CTA per SM keeps its mbarrier rings, prefetches the next item's Q while the math warpgroups
+    finish the current one, and pays the prologue once. DYN=0: a static snake order over the items.
+    DYN=1: each program's loader draws the next item from a grid-wide counter at ``sched_ptr`` (two
+    int32, zero at launch and left zero) when it is ready for one: greedy, so long items (a packed
+    batch's long requests) do not pile up on one program. Otherwise ``sched_ptr`` is not read."""
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NCOL: gl.constexpr = BQ * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -513,20 +668,42 @@ def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, 
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    items = gl.allocate_shared_memory(gl.int32, [ITEM_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    item_ready = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
+    item_empty = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=2)  # both math warpgroups release the Q slot
-    gl.warp_specialize([
-        (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                    out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS)),
-        (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                    out_stride, M, N, num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS)),
-        (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, M, N,
-                     num_splits, tps, H, BQ, BN, STAGES)),
-    ], [4, 1], [MATH_REGS, LOADER_REGS])
+    for i in gl.static_range(ITEM_SLOTS):
+        mbarrier.init(item_ready.index(i), count=1)
+        mbarrier.init(item_empty.index(i), count=2 + FILL)  # read by both math warpgroups (and the filler)
+    if FILL == 1:  # a fourth partition, one warp, writes the -inf tiles
+        gl.warp_specialize([
+            (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
+                        CLEAN, BANKS, FILL, DYN)),
+            (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
+                        CLEAN, BANKS, FILL, DYN)),
+            (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, sched_ptr,
+                         items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES, DYN)),
+            (_p_filler, (ks_ptr, ke_ptr, out_ptr, out_stride, items, item_ready, item_empty, M, N, num_splits, tps,
+                         BQ, BN, DYN)),
+        ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+    else:
+        gl.warp_specialize([
+            (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
+                        CLEAN, BANKS, FILL, DYN)),
+            (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
+                        CLEAN, BANKS, FILL, DYN)),
+            (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, sched_ptr,
+                         items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES, DYN)),
+        ], [4, 1], [MATH_REGS, LOADER_REGS])
 
 
 def _kernels() -> dict[str, Any]:
@@ -534,8 +711,6 @@ def _kernels() -> dict[str, Any]:
     if _GLUON_IMPORT_ERROR is not None:
         raise RuntimeError(f"triton.experimental.gluon is unusable: {_GLUON_IMPORT_ERROR}")
     return {"simple": _logits_kernel_simple, "ws": _logits_kernel_ws, "pws": _logits_kernel_pws}
-
-
 
 
 def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -548,11 +723,19 @@ def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, An
         cfg.update(config)
     if cfg["BQ"] is None:
         cfg["BQ"] = max(1, 256 // H)
+    for key, allowed in _CHOICES.items():
+        if cfg[key] not in allowed:
+            raise ValueError(f"config {key!r} must be one of {allowed}, got {cfg[key]!r}")
     bq, bn = cfg["BQ"], cfg["BN"]
     if bq * H > 256 or (bq * H) % 8 or bq & (bq - 1):
         raise ValueError(f"BQ*H must be a multiple of 8 and <= 256 with BQ a power of two (BQ={bq}, H={H})")
     if bn != 64:
         raise ValueError(f"BN must be 64 (one warpgroup's wgmma M), got {bn}")
+    if (cfg["filler"] or cfg["dynamic"]) and not cfg["persistent"]:
+        raise ValueError("filler and dynamic are options of the persistent kernel (persistent=True)")
+    if cfg["items_per_sm"] < 1 or cfg["item_cost"] < 0:
+        raise ValueError(f"items_per_sm must be >= 1 and item_cost >= 0, got {cfg['items_per_sm']}, "
+                         f"{cfg['item_cost']}")
     if cfg["persistent"]:
         if not cfg["ws"] or cfg["relu_abs"]:
             raise ValueError("the persistent kernel is warp specialised and has no relu_abs variant")
@@ -571,7 +754,12 @@ def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple
                   CLEAN=bool(clean_logits), RELU_ABS=bool(cfg["relu_abs"]), num_warps=4)
     if cfg["persistent"]:
         del common["CHUNK"], common["RELU_ABS"]
-        common.update(BANKS=cfg["banks"], MATH_REGS=cfg["p_math_regs"], LOADER_REGS=cfg["p_loader_regs"])
+        fill = int(bool(cfg["filler"] and clean_logits))  # nothing to fill without clean_logits
+        dyn = int(bool(cfg["dynamic"]))
+        math_regs = cfg["p_math_regs"] or (232 if fill and dyn else 240 if fill else 248)
+        fill_regs = (cfg["p_fill_regs"] or (32 if dyn else 24)) if fill else 0
+        common.update(BANKS=cfg["banks"], MATH_REGS=math_regs, LOADER_REGS=cfg["p_loader_regs"], FILL=fill,
+                      FILL_REGS=fill_regs, DYN=dyn)
         return "pws", common
     if cfg["ws"]:
         common.update(MATH_REGS=cfg["math_regs"], LOADER_REGS=cfg["loader_regs"])
@@ -599,6 +787,8 @@ class _Plan:
     #: The constexprs in parameter order: the C launcher skips them, but counts them.
     tail: tuple[Any, ...]
     direct: bool
+    #: Persistent kernel: (M, N) -> (splits, tiles per split), the config's split policy.
+    split: Callable[[int, int], tuple[int, int]] | None = None
 
 
 #: Plans and bound kernels per call signature. Bounded: a process sees a handful of signatures.
@@ -606,13 +796,20 @@ _PLANS: dict[tuple[Any, ...], _Plan] = {}
 _BOUND: dict[tuple[Any, ...], Any] = {}
 _CACHE_SIZE = 256
 #: The runtime parameters that precede the constexprs, per kernel.
-_RUNTIME = {"pws": 12, "ws": 10, "simple": 10}
+_RUNTIME = {"pws": 13, "ws": 10, "simple": 10}
+#: Scheduler counters of the dynamic persistent kernel, per (device, stream): two int32 that each launch
+#: leaves zero. Launches on one stream run one after another; two streams get two counters.
+_SCHED: dict[tuple[int, int], torch.Tensor] = {}
+#: SMs per device index.
+_SMS: dict[int, int] = {}
 
 
 def clear_caches() -> None:
     """Forget every plan and bound kernel (tests that fake a device use this)."""
     _PLANS.clear()
     _BOUND.clear()
+    _SCHED.clear()
+    _SMS.clear()
 
 
 def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: Any) -> None:
@@ -622,7 +819,20 @@ def _remember(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], value: An
 
 
 def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    """SMs of a CUDA device (0 for the CPU, -1), asked once: a device does not change what it has."""
+    sms = _SMS.get(index)
+    if sms is None:
+        sms = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count if index >= 0 else 0
+    return sms
+
+
+def _split_policy(cfg: dict[str, Any], sms: int) -> Callable[[int, int], tuple[int, int]]:
+    bq, bn = cfg["BQ"], cfg["BN"]
+    if cfg["split"] == "balanced":
+        cost = cfg["item_cost"]
+        return lambda M, N: persistent_split_balanced(M, N, bq, bn, sms, cost)
+    items = sms * cfg["items_per_sm"]
+    return lambda M, N: persistent_split(M, N, bq, bn, items)
 
 
 def _make_plan(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
@@ -632,30 +842,35 @@ def _make_plan(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights:
 
     from ..launch import direct_launch_unsupported
 
+    M, H, D = q.shape
+    cfg = resolve_config(H, config)
+    if cfg["kernel"] == "triton":  # served by the portable kernel, which decides the rest itself
+        return _Plan(device=q.device, cfg=cfg, name="triton", kw={}, fn=None, sms=0, q_layout=None,
+                     k_layout=None, prepare=False, tail=(), direct=False)
     reason = gluon_supported(q.device)
     if reason:
         raise RuntimeError(reason)
-    M, H, D = q.shape
     if q.dtype != torch.float8_e4m3fn or k.dtype != torch.float8_e4m3fn:
         raise TypeError(f"q and k must be float8_e4m3fn, got {q.dtype} and {k.dtype}")
     if k.shape[1] != D or D % 16 or D > 256:
         raise ValueError(f"need k [N, D] with q's D, D a multiple of 16 and <= 256; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
-    cfg = resolve_config(H, config)
     name, kw = kernel_launch_args(cfg, H, clean_logits)
     fn = _kernels()[name]
     params = fn.arg_names[_RUNTIME[name]:]
+    sms = _multiprocessors(q.get_device())
     # TMA reads q as [M*H, D] rows and k as [N, D] rows: 16-byte aligned bases and row strides,
     # unit inner strides. The kernel indexes weights as [M, H] rows and the rest as vectors.
     q_ok = q.stride() == (H * D, D, 1) and ptrs[0] % 16 == 0
     k_ok = k.stride(1) == 1 and k.stride(0) % 16 == 0 and ptrs[1] % 16 == 0
     vec_ok = all(t.stride(0) == 1 for t in (k_scale, ks, ke)) and weights.stride() == (H, 1)
     dtypes_ok = (k_scale.dtype == weights.dtype == torch.float32 and ks.dtype == ke.dtype == torch.int32)
-    return _Plan(device=q.device, cfg=cfg, name=name, kw=kw, fn=fn, sms=_multiprocessors(q.get_device()),
+    return _Plan(device=q.device, cfg=cfg, name=name, kw=kw, fn=fn, sms=sms,
                  q_layout=gl.NVMMASharedLayout.get_default_for([cfg["BQ"] * H, D], gl.float8e4nv),
                  k_layout=gl.NVMMASharedLayout.get_default_for([cfg["BN"], D], gl.float8e4nv),
                  prepare=not (q_ok and k_ok and vec_ok and dtypes_ok), tail=tuple(kw[p] for p in params),
-                 direct=direct_launch_unsupported() is None)
+                 direct=direct_launch_unsupported() is None,
+                 split=_split_policy(cfg, sms) if name == "pws" else None)
 
 
 def _prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
@@ -691,7 +906,9 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
                          config: dict[str, Any] | None = None, direct: bool = True) -> torch.Tensor:
     """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
 
-    Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA).
+    Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA); 16
+    when ``config`` sends the call to the Triton kernel (``kernel="triton"``).
+    Without ``config``, :func:`shape_config` picks one from (M, N, H) and the device's SM count.
     The first call of a signature (devices, dtypes, strides, alignments, config) decides the kernel,
     its constexprs and any copies, and launches through Triton; later ones, with ``direct`` (the
     default), launch the kernel Triton compiled then, with TMA descriptors encoded once per tensor
@@ -704,8 +921,10 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
     misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
     kst = k.stride()
-    key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
-           ke.get_device(), clean_logits, tuple(sorted(config.items())) if config else None, q.dtype, k.dtype,
+    dev = q.get_device()
+    chosen = tuple(sorted(config.items())) if config else shape_config(M, N, H, _multiprocessors(dev))
+    key = (dev, k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
+           ke.get_device(), clean_logits, chosen, q.dtype, k.dtype,
            k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), kst, k_scale.stride(),
            weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
     plan = _PLANS.get(key)
@@ -713,8 +932,12 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         if len(set(key[:6])) != 1:
             raise ValueError("fp8_mqa_logits_gluon: all tensors must be on one device; got "
                              f"{[str(t.device) for t in (q, k, k_scale, weights, ks, ke)]}")
-        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, config, ptrs)
+        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, dict(chosen), ptrs)
         _remember(_PLANS, key, plan)
+    if plan.name == "triton":
+        from .mqa_logits_triton import fp8_mqa_logits_triton
+
+        return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, clean_logits, direct=direct)
     if plan.prepare:
         q, k, k_scale, weights, ks, ke = _prepare(q, k, k_scale, weights, ks, ke)
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
@@ -726,10 +949,12 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         return out.fill_(float("-inf")) if clean_logits else out
     cfg = plan.cfg
     bq, bn = cfg["BQ"], cfg["BN"]
+    sched: tuple[torch.Tensor, ...] = ()
     if plan.name == "pws":
-        splits, tps = persistent_split(M, N, bq, bn, plan.sms * cfg["items_per_sm"])
+        splits, tps = plan.split(M, N)  # type: ignore[misc]
         grid = (min(plan.sms, triton_cdiv(M, bq) * splits), 1)
         ints: tuple[int, ...] = (n_pad, M, N, splits, tps)
+        sched = (_scheduler(dev, q.device) if cfg["dynamic"] else out,)  # not read unless dynamic
     else:
         grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
         ints = (n_pad, M, N)
@@ -738,11 +963,12 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     if direct and plan.direct:
         bound = _BOUND.get(bkey)
         if bound and not hooks_active():
-            _launch_bound(bound, plan, grid, ptrs, q, k, kst[0], out.data_ptr(), ints)
+            _launch_bound(bound, plan, grid, ptrs, q, k, kst[0], (out.data_ptr(), *(t.data_ptr() for t in sched)),
+                          ints)
             return out
     with _on_device(key[0]):
         compiled = plan.fn[grid](_q_descriptor(q, plan), _k_descriptor(k, plan), weights, k_scale, ks, ke, out,
-                                 *ints, **plan.kw)
+                                 *sched, *ints, **plan.kw)
         if direct and plan.direct and bkey not in _BOUND:
             _remember(_BOUND, bkey, bind(compiled))
     return out
@@ -772,14 +998,15 @@ def _on_device(index: int) -> Any:
 
 
 def _launch_bound(bound: Any, plan: _Plan, grid: tuple[int, int], ptrs: tuple[int, ...], q: torch.Tensor,
-                  k: torch.Tensor, skn: int, out_ptr: int, ints: tuple[int, ...]) -> None:
+                  k: torch.Tensor, skn: int, out_ptrs: tuple[int, ...], ints: tuple[int, ...]) -> None:
     """The arguments ``kernel[grid](...)`` would pass, straight to the bound kernel's launcher:
-    pointers as ints, TMA descriptors encoded once per (pointer, shape, strides). ``ints``: the
-    output's row stride, M, N (then the split counts of the persistent kernel)."""
+    pointers as ints, TMA descriptors encoded once per (pointer, shape, strides). ``out_ptrs``: the
+    output's (then the persistent kernel's scheduler counters'); ``ints``: the output's row stride, M,
+    N (then the split counts of the persistent kernel)."""
     M, N = ints[1], ints[2]
     q_desc = bound.descriptor((0, ptrs[0], M), lambda: _q_descriptor(q, plan))
     k_desc = bound.descriptor((1, ptrs[1], N, skn), lambda: _k_descriptor(k, plan))
-    args = (*q_desc, *k_desc, ptrs[3], ptrs[2], ptrs[4], ptrs[5], out_ptr, *ints, *plan.tail)
+    args = (*q_desc, *k_desc, ptrs[3], ptrs[2], ptrs[4], ptrs[5], *out_ptrs, *ints, *plan.tail)
     index = plan.device.index
     drv = _driver.active
     if index is None or drv.get_current_device() == index:
@@ -787,6 +1014,18 @@ def _launch_bound(bound: Any, plan: _Plan, grid: tuple[int, int], ptrs: tuple[in
     else:
         with torch.cuda.device(index):
             bound(grid[0], grid[1], 1, drv.get_current_stream(index), args)
+
+
+def _scheduler(index: int, device: torch.device) -> torch.Tensor:
+    """The dynamic kernel's counters for the current stream of a device: zeroed once, left zero by
+    every launch (its last program re-arms them). A CUDA graph captures the counters of its capture
+    stream; replaying one graph on two streams at once would share them."""
+    key = (index, _driver.active.get_current_stream(index))
+    buf = _SCHED.get(key)
+    if buf is None:
+        buf = torch.zeros(2, dtype=torch.int32, device=device)
+        _remember(_SCHED, key, buf)
+    return buf
 
 
 def persistent_split(M: int, N: int, bq: int, bn: int, items: int) -> tuple[int, int]:
@@ -798,14 +1037,69 @@ def persistent_split(M: int, N: int, bq: int, bn: int, items: int) -> tuple[int,
     return triton_cdiv(n_tiles, tps), tps
 
 
+@functools.lru_cache(maxsize=1024)
+def persistent_split_balanced(M: int, N: int, bq: int, bn: int, sms: int, item_cost: float = 1) -> tuple[int, int]:
+    """(splits, tiles per split) with the least modelled time when every row sees every key.
+
+    The persistent grid walks ``cdiv(M, bq) * splits`` items in rounds of ``sms``: its busiest program
+    takes ``ceil(items / sms)`` items of ``tps`` tiles, each costing ``item_cost`` tiles more to start
+    (window loads, the pipeline turning over). The "items" rule can leave a partial last round of
+    large items: at M=256, N=64k, H=64 it makes 576 items of 114 tiles, 5 rounds with 48 of 132
+    programs busy in the last (575 tiles for the busiest, 496 on average); this picks 128 items of
+    512 tiles, one round (513). Ties go to fewer splits: fewer Q loads. Only distinct ``tps`` values
+    are tried (O(sqrt(tiles)) of them); memoised, as engines repeat their shapes.
+    """
+    num_mb, n_tiles = triton_cdiv(M, bq), triton_cdiv(N, bn)
+    best = (float("inf"), 1, n_tiles)
+    s = 1
+    while s <= n_tiles:
+        tps = triton_cdiv(n_tiles, s)
+        splits = triton_cdiv(n_tiles, tps)
+        cost = triton_cdiv(num_mb * splits, sms) * (tps + item_cost)
+        if cost < best[0]:
+            best = (cost, splits, tps)
+        if tps == 1:
+            break
+        s = triton_cdiv(n_tiles, tps - 1)  # the fewest splits that make the items shorter
+    return best[1], best[2]
+
+
+#: A call is "large" above this many key tiles per SM when every row sees every key (about 0.4 ms of
+#: work on an H200): large calls keep the config measured on the large benchmark shapes.
+LARGE_TILES_PER_SM = 768
+#: What :func:`shape_config` gives small and mid calls, and large ones (today's defaults).
+SMALL_CONFIG: tuple[tuple[str, Any], ...] = (("filler", True), ("split", "balanced"))
+LARGE_CONFIG: tuple[tuple[str, Any], ...] = ()
+
+
+@functools.lru_cache(maxsize=1024)
+def shape_config(M: int, N: int, H: int, sms: int) -> tuple[tuple[str, Any], ...]:
+    """The config of a call that names none, as (key, value) pairs over DEFAULT_CONFIG.
+
+    Small and mid calls (<= LARGE_TILES_PER_SM dense key tiles per SM) are where the launch shape
+    decides: a balanced key split (no partial last round of long items) and the filler warp (the -inf
+    tiles written while the math warpgroups compute, not between their tiles). Large calls keep
+    today's config. Only (M, N, H) and the SM count are known on the host without a sync, so windows
+    (causal, packed, sliding) cannot enter the rule. Pure and memoised: one lookup per call.
+    """
+    if sms <= 0:
+        return LARGE_CONFIG
+    bq = max(1, 256 // H)
+    dense = triton_cdiv(M, bq) * triton_cdiv(N, 64) / sms
+    return SMALL_CONFIG if dense <= LARGE_TILES_PER_SM else LARGE_CONFIG
+
+
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None):
+def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None,
+                 divisible: tuple[str, ...] = ()):
     """Compile the kernel ahead of time for sm_90 (no GPU needed); returns triton's CompiledKernel.
 
     ``.asm["cubin"]`` holds the binary; disassemble it with the cuobjdump shipped with triton.
+    ``divisible``: int parameters to compile as multiples of 16, as Triton specialises them at run
+    time when they are (e.g. ``("out_stride", "N")`` for N % 16 == 0).
     """
     reason = _triton_version_reason()
     if reason:
@@ -828,7 +1122,8 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
            "ksc_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "out_stride": "i32",
            "M": "i32", "N": "i32"}
     if name == "pws":
-        sig.update(num_splits="i32", tps="i32")
+        sig = {**{k: v for k, v in sig.items() if k not in ("out_stride", "M", "N")}, "sched_ptr": "*i32",
+               "out_stride": "i32", "M": "i32", "N": "i32", "num_splits": "i32", "tps": "i32"}
     options = {"num_warps": kw.pop("num_warps")}
     if "maxnreg" in kw:
         options["maxnreg"] = kw.pop("maxnreg")
@@ -839,6 +1134,6 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
     sig["num_warps"] = "constexpr"
     constexprs[(fn.arg_names.index("num_warps"), )] = options["num_warps"]
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in ("w_ptr", "ksc_ptr", "ks_ptr", "ke_ptr",
-                                                                            "out_ptr")}
+                                                                            "out_ptr", *divisible)}
     src = GluonASTSource(fn, sig, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
