@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One H200 call that proves and measures a round: correctness first (the cuda tests and the
+# conformance kit, side by side since neither is timed), then the benchmarks against DeepGEMM one
+# after another, each under its own time limit so a slow one cannot starve the rest. Everything
+# lands in $OUT/results.tgz; the tables are printed last (the device tool returns the output's end).
+# DeepGEMM must be importable (PYTHONPATH); without it the scripts say so and leave its columns out.
+# Usage (repo root): bash bench/h200_round.sh   (limits: T_PYTEST T_CHECK T_ENGINE T_DECODE T_VARIANTS T_TUNED)
+set -u
+FINAL_OUT=${OUT:-/tmp/out}; RUN=$(mktemp -d); export OUT=$RUN PYTHONUNBUFFERED=1
+mkdir -p "$FINAL_OUT"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+ls .wheels/setuptools-*.whl >/dev/null 2>&1 && python -m pip install -q --no-index .wheels/setuptools-*.whl
+for dist in . providers/*/; do
+  python -m pip install --no-deps --no-build-isolation -q -e "$dist" >"$RUN/pip.log" 2>&1 \
+    || { echo "pip install -e $dist failed:"; tail -n 3 "$RUN/pip.log"; }
+done
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+python -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)" 2>&1 | tail -n 1
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
+
+stamp "correctness: pytest -m cuda and mqa check, side by side"
+timeout "${T_PYTEST:-140}" python -m pytest -q -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
+pytest_pid=$!
+timeout "${T_CHECK:-140}" mqa check --device cuda --provider gluon --provider triton --provider deepgemm \
+  -k "not large_index" >"$RUN/check.log" 2>&1 &
+check_pid=$!
+wait $pytest_pid; echo "pytest rc=$?" >>"$RUN/rc.txt"
+wait $check_pid; echo "check rc=$?" >>"$RUN/rc.txt"
+
+stamp "engine preset and host cost"
+timeout "${T_ENGINE:-100}" python bench/h200_engine.py --budget 65 --commit "$COMMIT" >"$RUN/engine.log" 2>&1
+echo "engine rc=$?" >>"$RUN/rc.txt"
+stamp "paged decode against DeepGEMM"
+timeout "${T_DECODE:-120}" python bench/h200_decode_vs_deepgemm.py --budget 75 --deadline 110 >"$RUN/decode.log" 2>&1
+echo "decode rc=$?" >>"$RUN/rc.txt"
+stamp "Gluon launch variants on the weak shapes"
+timeout "${T_VARIANTS:-95}" python bench/h200_engine.py --variants "${VARIANTS:-today,rule,bal+fill,dyn+fill+bal,dyn+fill,ips8,r240,triton}" \
+  --budget 80 --precheck-timeout 35 --commit "$COMMIT" >"$RUN/variants.log" 2>&1
+echo "variants rc=$?" >>"$RUN/rc.txt"
+stamp "tuned selection"
+timeout "${T_TUNED:-85}" python bench/h200_tuned.py --tune-budget 30 --budget 65 >"$RUN/tuned.log" 2>&1
+echo "tuned rc=$?" >>"$RUN/rc.txt"
+stamp "done"
+
+tar czf "$FINAL_OUT/results.tgz" -C "$RUN" .
+echo "===== exit codes"; cat "$RUN/rc.txt"
+echo "===== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$RUN/pytest.log" | tail -n 12
+echo "===== check"; tail -n 8 "$RUN/check.log"
+echo "===== engine"; tail -n 26 "$RUN/engine.log"
+echo "===== decode"; tail -n 30 "$RUN/decode.log"
+echo "===== variants"; tail -n 24 "$RUN/variants.log"
+echo "===== tuned"; tail -n 16 "$RUN/tuned.log"
