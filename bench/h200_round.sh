@@ -21,7 +21,7 @@ python -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)" 2>&1 | t
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
 
 stamp "correctness: pytest -m cuda and mqa check, side by side"
-timeout "${T_PYTEST:-140}" python -m pytest -q -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
+timeout "${T_PYTEST:-140}" python -m pytest -v -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
 pytest_pid=$!
 timeout "${T_CHECK:-140}" mqa check --device cuda --provider gluon --provider triton --provider deepgemm \
   -k "not large_index" >"$RUN/check.log" 2>&1 &
@@ -46,7 +46,8 @@ stamp "done"
 
 tar czf "$FINAL_OUT/results.tgz" -C "$RUN" .
 echo "===== exit codes"; cat "$RUN/rc.txt"
-echo "===== pytest"; grep -E "^(FAILED|ERROR)|passed|failed" "$RUN/pytest.log" | tail -n 12
+echo "===== pytest ($(grep -c " PASSED" "$RUN/pytest.log") passed as they ran)"
+grep -E " (FAILED|ERROR)|^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed" "$RUN/pytest.log" | sort -u | tail -n 14
 echo "===== check"; tail -n 8 "$RUN/check.log"
 echo "===== engine"; tail -n 26 "$RUN/engine.log"
 echo "===== decode"; tail -n 30 "$RUN/decode.log"
