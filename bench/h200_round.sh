@@ -21,26 +21,26 @@ python -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)" 2>&1 | t
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
 
 stamp "correctness: pytest -m cuda and mqa check, side by side"
-timeout "${T_PYTEST:-140}" python -m pytest -v -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
+timeout "${T_PYTEST:-130}" python -m pytest -v -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
 pytest_pid=$!
-timeout "${T_CHECK:-140}" mqa check --device cuda --provider gluon --provider triton --provider deepgemm \
+timeout "${T_CHECK:-130}" mqa check --device cuda --provider gluon --provider triton --provider deepgemm \
   -k "not large_index" >"$RUN/check.log" 2>&1 &
 check_pid=$!
 wait $pytest_pid; echo "pytest rc=$?" >>"$RUN/rc.txt"
 wait $check_pid; echo "check rc=$?" >>"$RUN/rc.txt"
 
 stamp "engine preset and host cost"
-timeout "${T_ENGINE:-100}" python bench/h200_engine.py --budget 65 --commit "$COMMIT" >"$RUN/engine.log" 2>&1
+timeout "${T_ENGINE:-95}" python bench/h200_engine.py --budget 65 --commit "$COMMIT" >"$RUN/engine.log" 2>&1
 echo "engine rc=$?" >>"$RUN/rc.txt"
 stamp "paged decode against DeepGEMM"
-timeout "${T_DECODE:-120}" python bench/h200_decode_vs_deepgemm.py --budget 75 --deadline 110 >"$RUN/decode.log" 2>&1
+timeout "${T_DECODE:-110}" python bench/h200_decode_vs_deepgemm.py --budget 70 --deadline 100 >"$RUN/decode.log" 2>&1
 echo "decode rc=$?" >>"$RUN/rc.txt"
 stamp "Gluon launch variants on the weak shapes"
-timeout "${T_VARIANTS:-95}" python bench/h200_engine.py --variants "${VARIANTS:-today,rule,bal+fill,dyn+fill+bal,dyn+fill,ips8,r240,triton}" \
-  --budget 80 --precheck-timeout 35 --commit "$COMMIT" >"$RUN/variants.log" 2>&1
+timeout "${T_VARIANTS:-85}" python bench/h200_engine.py --variants "${VARIANTS:-today,rule,bal+fill,dyn+fill+bal,dyn+fill,ips8,r240,triton}" \
+  --budget 72 --precheck-timeout 30 --commit "$COMMIT" >"$RUN/variants.log" 2>&1
 echo "variants rc=$?" >>"$RUN/rc.txt"
 stamp "tuned selection"
-timeout "${T_TUNED:-85}" python bench/h200_tuned.py --tune-budget 30 --budget 65 >"$RUN/tuned.log" 2>&1
+timeout "${T_TUNED:-75}" python bench/h200_tuned.py --tune-budget 25 --budget 58 >"$RUN/tuned.log" 2>&1
 echo "tuned rc=$?" >>"$RUN/rc.txt"
 stamp "done"
 
