@@ -10,13 +10,7 @@ FINAL_OUT=${OUT:-/tmp/out}; RUN=$(mktemp -d); export OUT=$RUN PYTHONUNBUFFERED=1
 mkdir -p "$FINAL_OUT"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-ls .wheels/setuptools-*.whl >/dev/null 2>&1 && python -m pip install -q --no-index .wheels/setuptools-*.whl
-for dist in . providers/*/; do
-  python -m pip install --no-deps --no-build-isolation -q -e "$dist" >"$RUN/pip.log" 2>&1 \
-    || { echo "pip install -e $dist failed:"; tail -n 3 "$RUN/pip.log"; }
-done
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+source bench/h200_install.sh
 python -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)" 2>&1 | tail -n 1
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
 

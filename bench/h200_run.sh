@@ -5,15 +5,7 @@
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# Entry points need installed distributions. The packages declare SPDX license strings, which need
-# setuptools >= 77: a wheel of it may be carried in .wheels/ (the device machine has no index).
-ls .wheels/setuptools-*.whl >/dev/null 2>&1 && python -m pip install -q --no-index .wheels/setuptools-*.whl
-for dist in . providers/*/; do
-  python -m pip install --no-deps --no-build-isolation -q -e "$dist" >"$OUT/pip.log" 2>&1 \
-    || { echo "pip install -e $dist failed:"; tail -n 3 "$OUT/pip.log"; }
-done
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+source bench/h200_install.sh
 for job in "$@"; do
   name=${job%%:*}; limit=${job##*:}
   case $name in
