@@ -149,19 +149,27 @@ def test_paged_matches_the_reference(deep_gemm, generation, batch, next_n, lens_
     for call in calls:
         assert call["context_lens"].dim() == 2 and call["clean_logits"] is False
         assert call["kv_cache"] is x.kv_cache  # the cache itself, never a copy
-    if next_n <= 2:  # 1-D lengths go in as lens[b] - next_n + j + 1, clamped
+    if next_n <= 2:  # 1-D lengths go in as lens[b] - next_n + j + 1, clamped; 2-D with the last the longest
         want = x.context_lens if lens_2d else (x.context_lens[:, None] - next_n + torch.arange(1, next_n + 1))
-        assert torch.equal(calls[0]["context_lens"], want.clamp(0, ctx).to(torch.int32))
+        want = want.clamp(0, ctx).to(torch.int32)
+        want[:, -1] = want.amax(dim=1)
+        assert torch.equal(calls[0]["context_lens"], want)
 
 
-def test_paged_arbitrary_2d_lengths_in_groups(deep_gemm):
-    # Only the last column is the row maximum (DeepGEMM's rule); inside a group of 2 it need not be.
+@pytest.mark.parametrize("lens", [
+    [[290, 5, 130, 299], [64, 200, 1, 250]],  # next_n 4, in groups of 2: no group's last is its longest
+    [[290, 5], [64, 200], [1, 0]],  # next_n 2: a longer first row (H200, 2026-12-02: left unwritten)
+], ids=["next_n4", "next_n2"])
+@pytest.mark.parametrize("clean_logits", [True, False])
+def test_paged_arbitrary_2d_lengths(deep_gemm, lens, clean_logits):
+    # DeepGEMM sizes a sequence's work by the last column: arbitrary 2-D lengths must still be served.
     deep_gemm("fp8_fp4")
-    x = _paged(2, 4, 32, 64, 300, seed=12)
-    lens = torch.tensor([[290, 5, 130, 299], [64, 200, 1, 250]], dtype=torch.int32)
-    x = replace(x, context_lens=lens)
-    out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args())
-    check_paged(out, x, _case("fp8_paged_mqa_logits", "2-D", Problem(8, 300, 32, 64)), clean=True)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    b, next_n = lens.shape
+    x = replace(_paged(b, next_n, 32, 64, 300, seed=12), context_lens=lens)
+    out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args(), clean_logits=clean_logits)
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "2-D", Problem(b * next_n, 300, 32, 64)),
+                clean=clean_logits)
 
 
 @pytest.mark.parametrize("generation", ["fp8_fp4", "legacy"])

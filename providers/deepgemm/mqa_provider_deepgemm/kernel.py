@@ -14,7 +14,9 @@ prefill
 
 paged (decode)
 - context lengths always go in 2-D, clamped to [0, min(max_context_len, table width * block size)]:
-  1-D lengths become ``lens[b] - next_n + j + 1``; the schedule metadata is computed per call from
+  1-D lengths become ``lens[b] - next_n + j + 1``; 2-D ones whose last column is not the row's
+  longest (DeepGEMM sizes a sequence's work by it) go in with it raised to the longest, and the
+  cells that adds are cleaned with the true lengths; the schedule metadata is computed per call from
   them (it depends on the lengths' values, which engines update in place);
 - the page pool is passed as it is (strided pools included) when its strides are what DeepGEMM and
   TMA take, else copied once;
@@ -152,8 +154,10 @@ class DeepGEMMKernel:
         with _on(q.device):
             num_sms = int(api.num_sms())
             if next_n <= MAX_NEXT_N:
-                meta = api.paged_metadata(lens, block_size, num_sms)
-                out = api.paged_mqa_logits(_tma(q), cache, _tma(weights), lens, tables, meta, max_context_len)
+                # 1-D lengths give rows whose last is the longest already; 2-D ones may not.
+                work = _last_is_longest(lens) if context_lens.dim() == 2 and next_n > 1 else lens
+                meta = api.paged_metadata(work, block_size, num_sms)
+                out = api.paged_mqa_logits(_tma(q), cache, _tma(weights), work, tables, meta, max_context_len)
             else:
                 out = self._grouped(api, q, cache, weights, lens, tables, max_context_len, block_size, num_sms)
         if clean_logits:
@@ -170,14 +174,22 @@ class DeepGEMMKernel:
         w = weights.reshape(b, next_n, h)
         for j0 in range(0, next_n, MAX_NEXT_N):
             j1 = min(next_n, j0 + MAX_NEXT_N)
-            part_lens = lens[:, j0:j1].clone()
-            # The kernel sizes a sequence's work by its last column: make it the group's longest.
-            part_lens[:, -1] = part_lens.amax(dim=1)
+            part_lens = _last_is_longest(lens[:, j0:j1])
             meta = api.paged_metadata(part_lens, block_size, num_sms)
             part = api.paged_mqa_logits(q[:, j0:j1].contiguous(), cache, w[:, j0:j1].reshape(-1, h).contiguous(),
                                         part_lens, tables, meta, max_context_len)
             out[:, j0:j1].copy_(part.view(b, j1 - j0, max_context_len))
         return out.view(b * next_n, max_context_len)
+
+
+def _last_is_longest(lens: torch.Tensor) -> torch.Tensor:
+    """A copy of [B, n] lengths whose last column is each row's longest. DeepGEMM sizes a sequence's
+    work by its last column (and masks each row by its own length inside it), so a longer earlier
+    row would be left unwritten; the last row's extra cells are then cleaned by ``fill_tail`` with the
+    true lengths, or left as the contract allows without ``clean_logits``."""
+    out = lens.clone()
+    out[:, -1] = lens.amax(dim=1)
+    return out
 
 
 #: What ``load="mqa_provider_deepgemm.kernel:KERNEL"`` imports.
