@@ -137,11 +137,13 @@ def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> 
 
 
 #: (next_n, H class) -> the variant with the best graph-replay time against DeepGEMM on ragged
-#: batches, bench/results/2026-12-02-h200-decode-vs-deepgemm-v1.log (B 32-256, contexts 4k-64k):
-#: ``tma`` wins or ties at next_n = 1 (0.78-1.05x DeepGEMM) and at next_n = 2, H = 32 (0.76-0.98x,
-#: level with base); at next_n = 2, H = 64 ``rows`` (0.61-0.72x) is never far behind the best and
-#: 0.14 ahead of ``tma`` at B = 32, C = 4k. (The pipelined variants were not measured yet.)
-_MEASURED_BEST: dict[tuple[int, int], str] = {(1, 32): "tma", (1, 64): "tma", (2, 32): "tma", (2, 64): "rows"}
+#: batches (B 32-256, contexts 4k-64k spread between half and full): from the H200 runs of
+#: 2026-12-02, bench/results/2026-12-02-h200-decode-vs-deepgemm-v1.log (base/rows/tma/noprefetch/deep)
+#: and -v2.log (tma/rows/pipe/pipetma/piperows, 288/288 checks ok). ``tma`` leads or ties at
+#: next_n = 1 (geomean 0.94x / 0.93x DeepGEMM at H = 32 / 64) and next_n = 2, H = 32 (0.91x, level
+#: with ``pipe``); at next_n = 2, H = 64 the pipelined loop ``pipe`` (0.84x) is well ahead of ``rows``
+#: (0.73x) and ``tma`` (0.78x).
+_MEASURED_BEST: dict[tuple[int, int], str] = {(1, 32): "tma", (1, 64): "tma", (2, 32): "tma", (2, 64): "pipe"}
 
 
 #: The Triton whose register allocation the variants are tuned for (the H200 runs torch's 3.6): under
