@@ -67,6 +67,7 @@ class Decision:
 
     @property
     def chosen_candidate(self) -> Candidate | None:
+        """The chosen provider's row (the one ``__str__`` marks with ``*``); None when none is chosen."""
         for c in self.candidates:
             if c.accepted and c.name == self.chosen and c.distribution == self.chosen_distribution:
                 return c
@@ -96,8 +97,9 @@ class Decision:
         if self.problem is not None:
             head += f" shape {self.problem}"
         rows = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "status")]
+        chosen_one = self.chosen_candidate
         for c in self.candidates:
-            mark = "*" if c.name == self.chosen and c.distribution == self.chosen_distribution and c.accepted else ""
+            mark = "*" if c is chosen_one else ""
             status = "accepted" if c.accepted else f"rejected [{c.code}] {c.reason}"
             prio = "" if c.priority is None else str(c.priority)
             imp = "" if c.import_seconds is None else f"{c.import_seconds * 1e3:.0f} ms"
