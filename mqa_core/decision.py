@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .names import names_provider
+from .names import names_provider, provider_id
 from .spec import Problem
 
 #: Rejection codes, in the order selection tests them.
@@ -39,7 +39,7 @@ class Candidate:
     @property
     def id(self) -> str:
         """``distribution:name``, what ``MQA_PROVIDER`` accepts to pick this one."""
-        return f"{self.distribution}:{self.name}"
+        return provider_id(self.distribution, self.name)
 
     @property
     def origin(self) -> str:

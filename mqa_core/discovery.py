@@ -29,7 +29,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution
+from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution, provider_id
 from .settings import Settings
 from .spec import ProviderSpec
 
@@ -86,7 +86,7 @@ class Discovery:
         for p in self.plugins:
             if p.import_seconds is not None:
                 for name in p.providers:
-                    out[f"{p.distribution}:{name}"] = p.import_seconds
+                    out[provider_id(p.distribution, name)] = p.import_seconds
         return out
 
 
