@@ -386,10 +386,12 @@ def main() -> None:
     import torch
 
     import mqa_core
+    from mqa_core.tuning import cpu_name
+    from mqa_core.versions import installed_version
 
     res = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {platform.processor()}",
-           "cpu": _cpu_name(), "cpus": os.cpu_count(), "python": platform.python_version(),
-           "torch": torch.__version__, "mqa_core": _version("mqa-core"), "commit": _commit(),
+           "cpu": cpu_name(), "cpus": os.cpu_count(), "python": platform.python_version(),
+           "torch": torch.__version__, "mqa_core": installed_version("mqa-core"), "commit": _commit(),
            "providers": [p.name for p in mqa_core.registry.state().discovery.specs]}
     if not args.hot_only:
         res["warm_ns"] = warm_get_provider()
@@ -417,21 +419,6 @@ def main() -> None:
               f"{p['output_mib']:.0f} MiB + temporaries (bound 512 MiB); an [H, M, N] fp32 product would be "
               f"{p['materialised_mib']:.0f} MiB")
     print_hot(res["hot_path"])
-
-
-def _cpu_name() -> str:
-    from mqa_core.tuning import cpu_name
-
-    return cpu_name()
-
-
-def _version(dist: str) -> str | None:
-    import importlib.metadata as md
-
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
 
 
 def _commit() -> str:

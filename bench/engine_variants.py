@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere in the checkout
 
 from mqa_core.bench import workloads as wl  # noqa: E402
+from mqa_core.bench.timing import rotating  # noqa: E402
 from mqa_core.bench.verify import compare  # noqa: E402
 from mqa_core.spec import Problem  # noqa: E402
 from mqa_core.testing.data import make_inputs  # noqa: E402
@@ -200,16 +201,6 @@ def _time(fn: Callable[[], Any], smoke: bool = False) -> tuple[float, float | No
     return ms, graph
 
 
-def _rotating(call: Callable[[Any], torch.Tensor], sets: Sequence[Any]) -> Callable[[], torch.Tensor]:
-    state = {"i": 0}
-
-    def fn() -> torch.Tensor:
-        state["i"] += 1
-        return call(sets[state["i"] % len(sets)])
-
-    return fn
-
-
 def sweep(names: Sequence[str], dg_call: Callable[[Any], torch.Tensor] | None, device: torch.device, arch: str,
           deadline: float, log: Callable[[str], None], common: dict[str, Any]) -> list[dict[str, Any]]:
     from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import _multiprocessors, shape_config
@@ -244,7 +235,7 @@ def sweep(names: Sequence[str], dg_call: Callable[[Any], torch.Tensor] | None, d
                     row.update(status="wrong", reason=why)
                     log(f"[{i}/{len(work)}] {w.name} {name}: WRONG {why}")
                     continue
-                ms, graph = _time(_rotating(call, sets), smoke)
+                ms, graph = _time(rotating(call, sets), smoke)
             except Exception as exc:
                 row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
                 log(f"[{i}/{len(work)}] {w.name} {name}: ERROR {row['reason']}")

@@ -27,38 +27,28 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers" / "gluon"))
 
+from engine_variants import VARIANTS as ENGINE_VARIANTS  # noqa: E402  (this script's folder)
 from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g  # noqa: E402
 from mqa_provider_gluon.ops import persistent_schedule as sched  # noqa: E402
 
 from mqa_core.bench import workloads as wl  # noqa: E402
 
-#: gluon, graph replay, us: bench/results/2026-12-02-h200-engine-v1.log (today's config).
-MEASURED = {"suffix M=128 N=2048 H=64 D=128": 11, "suffix M=512 N=4096 H=32 D=128": 25,
-            "suffix M=1024 N=8192 H=64 D=128": 143, "causal M=1024 N=1024 H=64 D=128": 17,
-            "packed x8 M=8192 N=8192 H=64 D=128": 190, "packed x32 M=10992 N=10992 H=32 D=128": 161,
-            "packed x4 M=3840 N=27648 H=64 D=128": 431, "chunk M=256 N=65536 H=64 D=128": 310,
-            "chunk M=4096 N=32768 H=64 D=128": 2148, "chunk M=1024 N=131072 H=32 D=128": 1293,
-            "sliding W=2048 M=4096 N=16384 H=64 D=128": 188, "sliding W=512 M=1024 N=8192 H=32 D=128": 22,
-            "causal M=8192 N=8192 H=64 D=128": 594, "suffix M=4096 N=16384 H=32 D=128": 580}
-#: DeepGEMM, graph replay, us, same run.
-DEEPGEMM = {"suffix M=128 N=2048 H=64 D=128": 13, "suffix M=512 N=4096 H=32 D=128": 23,
-            "suffix M=1024 N=8192 H=64 D=128": 140, "causal M=1024 N=1024 H=64 D=128": 17,
-            "packed x8 M=8192 N=8192 H=64 D=128": 222, "packed x32 M=10992 N=10992 H=32 D=128": 193,
-            "packed x4 M=3840 N=27648 H=64 D=128": 381, "chunk M=256 N=65536 H=64 D=128": 313,
-            "chunk M=4096 N=32768 H=64 D=128": 2263, "chunk M=1024 N=131072 H=32 D=128": 1359,
-            "sliding W=2048 M=4096 N=16384 H=64 D=128": 221, "sliding W=512 M=1024 N=8192 H=32 D=128": 20,
-            "causal M=8192 N=8192 H=64 D=128": 696, "suffix M=4096 N=16384 H=32 D=128": 619}
+#: Graph replay, us, of gluon (today's config) and DeepGEMM: bench/results/2026-12-02-h200-engine-v1.log.
+MEASURED = {"suffix M=128 N=2048 H=64 D=128": (11, 13), "suffix M=512 N=4096 H=32 D=128": (25, 23),
+            "suffix M=1024 N=8192 H=64 D=128": (143, 140), "causal M=1024 N=1024 H=64 D=128": (17, 17),
+            "packed x8 M=8192 N=8192 H=64 D=128": (190, 222), "packed x32 M=10992 N=10992 H=32 D=128": (161, 193),
+            "packed x4 M=3840 N=27648 H=64 D=128": (431, 381), "chunk M=256 N=65536 H=64 D=128": (310, 313),
+            "chunk M=4096 N=32768 H=64 D=128": (2148, 2263), "chunk M=1024 N=131072 H=32 D=128": (1293, 1359),
+            "sliding W=2048 M=4096 N=16384 H=64 D=128": (188, 221), "sliding W=512 M=1024 N=8192 H=32 D=128": (22, 20),
+            "causal M=8192 N=8192 H=64 D=128": (594, 696), "suffix M=4096 N=16384 H=32 D=128": (580, 619)}
 TILE_US = {64: 0.55, 32: 0.62}
 WRITE_BYTES_PER_US = 3.0e6
 FIXED_US = 5.0
-#: The launch variants modelled (as in bench/engine_variants.py; None: the shape rule).
+#: The launch variants modelled by default, bench/engine_variants.py's configs (None: the shape rule);
+#: ``--variants`` takes any of its names but ``triton``, which is another kernel.
 VARIANTS: dict[str, dict[str, Any] | None] = {
-    "today": {"split": "items"}, "rule": None, "bal": {"split": "balanced"}, "fill": {"filler": True},
-    "bal+fill": {"split": "balanced", "filler": True}, "dyn": {"dynamic": True},
-    "dyn+fill": {"dynamic": True, "filler": True},
-    "dyn+fill+bal": {"dynamic": True, "filler": True, "split": "balanced"},
-    "ips1": {"items_per_sm": 1}, "ips16": {"items_per_sm": 16},
-}
+    n: ENGINE_VARIANTS[n]
+    for n in ("today", "rule", "bal", "fill", "bal+fill", "dyn", "dyn+fill", "dyn+fill+bal", "ips1", "ips16")}
 
 
 def model(w: wl.Workload, config: dict[str, Any] | None, sms: int, item_cost: float) -> dict[str, Any]:
@@ -93,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"busiest program / mean work in key tiles (efficiency), predicted us; {args.sms} SMs, "
           f"item cost {args.item_cost} tiles. Measured today / DeepGEMM: graph replay, 2026-12-02.")
     for w in wl.engine_preset(True):
-        rows = {n: model(w, VARIANTS[n], args.sms, args.item_cost) for n in names}
-        m = MEASURED.get(w.name)
-        print(f"\n{w.name}   measured today {m} us, DeepGEMM {DEEPGEMM.get(w.name)} us")
+        rows = {n: model(w, ENGINE_VARIANTS[n], args.sms, args.item_cost) for n in names}
+        today, deepgemm = MEASURED.get(w.name, (None, None))
+        print(f"\n{w.name}   measured today {today} us, DeepGEMM {deepgemm} us")
         for n, r in rows.items():
             print(f"  {n:13s} splits {r['splits']:4d} x {r['tps']:5d} tiles  items {r['items']:6d}  rounds "
                   f"{r['rounds']:4d}  busiest {r['busiest']:7.0f} / mean {r['mean']:7.0f} ({r['eff']:.2f})  "

@@ -190,14 +190,6 @@ def deepgemm_impl() -> tuple[Impl | None, str]:
 
 # -- checks ----------------------------------------------------------------------------------------
 
-def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.double(), y.double()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    denom = float((x * x + y * y).sum())
-    return 0.0 if denom == 0 else 1.0 - 2.0 * float((x * y).sum()) / denom
-
-
 def oracle_rows(bt: Batch, q: torch.Tensor, w: torch.Tensor, lens2: torch.Tensor,
                 seqs: list[int]) -> dict[int, torch.Tensor]:
     """fp32 logits [next_n, ctx] of the sampled sequences (cache copy 0), -inf outside each row's context."""
@@ -221,6 +213,8 @@ def oracle_rows(bt: Batch, q: torch.Tensor, w: torch.Tensor, lens2: torch.Tensor
 
 
 def check(out: torch.Tensor, rows: dict[int, torch.Tensor], lens2: torch.Tensor, clean: bool) -> dict:
+    from mqa_core.testing.data import calc_diff
+
     next_n = lens2.shape[1]
     worst, unwritten = 0.0, 0
     for b, ref in rows.items():

@@ -57,7 +57,7 @@ from mqa_core.bench import report  # noqa: E402
 from mqa_core.bench import workloads as wl  # noqa: E402
 from mqa_core.bench.host import HostCost, host_costs  # noqa: E402
 from mqa_core.bench.runner import reference  # noqa: E402
-from mqa_core.bench.timing import host_syncs  # noqa: E402
+from mqa_core.bench.timing import host_syncs, rotating  # noqa: E402
 from mqa_core.bench.verify import compare  # noqa: E402
 from mqa_core.provider import Provider  # noqa: E402
 from mqa_core.testing.data import Inputs  # noqa: E402
@@ -182,17 +182,6 @@ class CpuClock(Clock):
 
     def wait(self) -> None:
         pass
-
-
-def rotating(call: Callable[[Inputs], torch.Tensor], sets: Sequence[Inputs]) -> Callable[[], torch.Tensor]:
-    """A zero-argument call that reads the next input set each time (so caches do not hold one set)."""
-    state = {"i": 0}
-
-    def fn() -> torch.Tensor:
-        state["i"] += 1
-        return call(sets[state["i"] % len(sets)])
-
-    return fn
 
 
 # -- the columns -------------------------------------------------------------------------------------

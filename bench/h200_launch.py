@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -53,28 +52,6 @@ def inputs(device: str) -> tuple[torch.Tensor, ...]:
     ks = torch.zeros(M, dtype=torch.int32)
     ke = (torch.arange(M) + (N - M) + 1).to(torch.int32)
     return tuple(t.to(device) for t in (q, k, k_scale, w, ks, ke))
-
-
-def per_call_us(fn: Callable[[], Any], calls: int, wait: Callable[[], None]) -> tuple[float, float]:
-    wait()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    wait()
-    return (t1 - t0) / calls * 1e6, (time.perf_counter() - t0) / calls * 1e6
-
-
-def timed(fns: dict[str, Callable[[], Any]], wait: Callable[[], None], calls: int, rounds: int
-          ) -> dict[str, tuple[float, float]]:
-    for fn in fns.values():
-        for _ in range(20):
-            fn()
-    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(per_call_us(fn, calls, wait))
-    return {k: (statistics.median(h for h, _ in v), statistics.median(w for _, w in v)) for k, v in samples.items()}
 
 
 def graph_us(fn: Callable[[], Any], replays: int = 200) -> float | None:
@@ -99,13 +76,12 @@ def graph_us(fn: Callable[[], Any], replays: int = 200) -> float | None:
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, name: str) -> None:
-    inside = torch.isfinite(ref)
-    if not torch.equal(torch.isneginf(out), ~inside):
-        raise AssertionError(f"{name}: the -inf mask differs from the windows")
-    x, y = out[inside].double(), ref[inside]
-    diff = float(1 - 2 * (x * y).sum() / (x * x + y * y).sum())
-    if not diff < 1e-3:
-        raise AssertionError(f"{name}: calc_diff {diff:.2e} >= 1e-3")
+    """The kit's bar (mqa_core.bench.verify): calc_diff < 1e-3 inside the windows, the same -inf mask."""
+    from mqa_core.bench.verify import compare
+
+    verdict = compare(out, ref, clean=True, against="float64 oracle")
+    if not verdict.ok:
+        raise AssertionError(f"{name}: {verdict.detail}")
 
 
 def main() -> int:
@@ -117,6 +93,8 @@ def main() -> int:
     from mqa_provider_gluon import kernels
     from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as gl_op
     from mqa_provider_gluon.ops import mqa_logits_triton as tr_op
+
+    from mqa_core.bench.host import host_costs
 
     calls = a.calls or (2000 if a.cpu else 500)
     stack = ExitStack()
@@ -181,7 +159,7 @@ def main() -> int:
             if "deepgemm" in rows:
                 check(rows["deepgemm"](), ref, "deepgemm")
             print("checked: bound == triton launch bit for bit; all rows match the float64 oracle")
-        costs = timed(rows, wait, calls, a.rounds)
+        costs = host_costs(rows, wait, calls=calls, rounds=a.rounds, warmup=20)
         device_us = {name: graph_us(fn) for name, fn in rows.items()} if not a.cpu else {}
 
     import triton
@@ -191,19 +169,20 @@ def main() -> int:
             "torch": torch.__version__, "triton": triton.__version__, "mode": "cpu host-only" if a.cpu else "cuda",
             "device": torch.cuda.get_device_name() if not a.cpu else platform.processor() or "cpu",
             "m": M, "n": N, "h": H, "d": D, "calls": calls, "rounds": a.rounds}
-    base = costs.get("deepgemm", (None, None))[0]
+    base = costs["deepgemm"].median if "deepgemm" in costs else None
     out_dir = os.environ.get("OUT")
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "h200_launch.json"), "w") as f:
-            json.dump({"meta": meta, "rows": {k: {"host_us": v[0], "wall_us": v[1], "device_us": device_us.get(k)}
-                                              for k, v in costs.items()}}, f, indent=1)
+            json.dump({"meta": meta, "rows": {k: {"host_us": v.median, "wall_us": v.wall_median,
+                                                  "device_us": device_us.get(k)} for k, v in costs.items()}},
+                      f, indent=1)
     print(f"\n{meta['date']}  {meta['device']}  torch {meta['torch']}  triton {meta['triton']}  "
           f"M={M} N={N} H={H} D={D} clean  ({calls} calls x {a.rounds} rounds, medians; direct launches "
           f"{meta['direct']})")
     print(f"{'row':<18} {'host us/call':>12} {'with sync':>10} {'device us':>10} {'x deepgemm':>10}")
-    for name, (host, wall) in costs.items():
-        dev = device_us.get(name)
+    for name, cost in costs.items():
+        host, wall, dev = cost.median, cost.wall_median, device_us.get(name)
         ratio = f"{host / base:.2f}" if base else "-"
         print(f"{name:<18} {host:>12.1f} {wall:>10.1f} {(f'{dev:.1f}' if dev else '-'):>10} {ratio:>10}")
     return 0

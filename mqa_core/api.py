@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from . import registry, validate
 from .arch import arch_of_device, detect_arch, normalize_arch
 from .decision import Decision
-from .memo import mqa_signature, paged_problem, paged_signature, remember
+from .memo import mqa_recall, paged_problem, paged_recall, remember
 from .provider import Provider
 from .spec import OPS, Pair, Problem, dtype_name, dtype_pair
 
@@ -82,20 +82,13 @@ def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", w
     """
     s = registry.state()
     table = s.mqa_calls  # None under MQA_VALIDATE=full: every call is checked, values included
-    key = hit = None
-    if table is not None:
-        try:
-            key = mqa_signature(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
-            hit = table.get(key)
-        except Exception:  # not tensors where tensors belong: the checks below say what is wrong
-            key = None
+    key, hit = mqa_recall(table, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
     if hit is None:
         problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
                                            full=s.settings.validate_full)
         provider = registry.provider_for(arch_of_device(q.device), "fp8_mqa_logits",
                                          (dtype_name(q.dtype), dtype_name(kv[0].dtype)), problem, s=s)
-        if table is not None and key is not None:
-            remember(table, key, (problem, provider))
+        remember(table, key, (problem, provider))
     else:
         problem, provider = hit
     # Selection matched the provider to q's arch, dtype pair and shape: validating again would only cost.
@@ -111,22 +104,15 @@ def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "
     """
     s = registry.state()
     table = s.paged_calls
-    key = hit = None
-    if table is not None:
-        try:
-            key = paged_signature(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                  clean_logits)
-            hit = table.get(key)
-        except Exception:
-            key = None
+    key, hit = paged_recall(table, q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                            clean_logits)
     if hit is None:
         problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
                                 clean_logits, full=s.settings.validate_full)
         name = dtype_name(q.dtype)
         provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits", (name, name),
                                          problem, s=s)
-        if table is not None and key is not None:
-            remember(table, key, (problem, provider))
+        remember(table, key, (problem, provider))
     else:
         problem, provider = hit
     return provider.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .names import names_provider
+from .names import names_provider, provider_id
 from .spec import Problem
 
 #: Rejection codes, in the order selection tests them.
@@ -39,7 +39,7 @@ class Candidate:
     @property
     def id(self) -> str:
         """``distribution:name``, what ``MQA_PROVIDER`` accepts to pick this one."""
-        return f"{self.distribution}:{self.name}"
+        return provider_id(self.distribution, self.name)
 
     @property
     def origin(self) -> str:
@@ -67,6 +67,7 @@ class Decision:
 
     @property
     def chosen_candidate(self) -> Candidate | None:
+        """The chosen provider's row (the one ``__str__`` marks with ``*``); None when none is chosen."""
         for c in self.candidates:
             if c.accepted and c.name == self.chosen and c.distribution == self.chosen_distribution:
                 return c
@@ -96,8 +97,9 @@ class Decision:
         if self.problem is not None:
             head += f" shape {self.problem}"
         rows = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "status")]
+        chosen_one = self.chosen_candidate
         for c in self.candidates:
-            mark = "*" if c.name == self.chosen and c.distribution == self.chosen_distribution and c.accepted else ""
+            mark = "*" if c is chosen_one else ""
             status = "accepted" if c.accepted else f"rejected [{c.code}] {c.reason}"
             prio = "" if c.priority is None else str(c.priority)
             imp = "" if c.import_seconds is None else f"{c.import_seconds * 1e3:.0f} ms"

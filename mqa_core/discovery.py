@@ -29,7 +29,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution
+from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution, provider_id
 from .settings import Settings
 from .spec import ProviderSpec
 
@@ -86,7 +86,7 @@ class Discovery:
         for p in self.plugins:
             if p.import_seconds is not None:
                 for name in p.providers:
-                    out[f"{p.distribution}:{name}"] = p.import_seconds
+                    out[provider_id(p.distribution, name)] = p.import_seconds
         return out
 
 
@@ -183,6 +183,15 @@ def _module_of(value: str) -> str:
     return value.partition(":")[0].strip()
 
 
+def cut_by_fork(module: str, cut: Iterable[str]) -> str | None:
+    """Why ``module`` must not be imported in this process: it is, holds or belongs to a module whose
+    import a fork cut off (see registry), so importing it would hang; None when it may be imported."""
+    if any(module == m or module.startswith(m + ".") or m.startswith(module + ".") for m in cut):
+        return (f"{module} was being imported by another thread when this process forked; importing it "
+                "again here would hang (it loads in a fresh process)")
+    return None
+
+
 def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
              forbidden: frozenset[str] = frozenset(), inflight: set[str] | None = None) -> Discovery:
     """Load the plugins allowed by ``settings`` and collect their specs.
@@ -211,9 +220,9 @@ def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
             record("skipped", None)
             continue
         module = _module_of(ep.value)
-        if any(module == m or module.startswith(m + ".") or m.startswith(module + ".") for m in forbidden):
-            fail("import", f"{module} was being imported by another thread when this process forked; "
-                           "importing it again here would deadlock (it loads in a fresh process)", None)
+        cut = cut_by_fork(module, forbidden)
+        if cut:
+            fail("import", cut, None)
             continue
         t0 = time.perf_counter()
         watch = _watch_slow_import(ep, dist)

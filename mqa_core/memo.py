@@ -20,13 +20,14 @@ so the per-call path takes no lock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from . import validate
 from .spec import Problem, ProviderSpec
 
-__all__ = ["MAX_SIGNATURES", "Signature", "mqa_signature", "paged_problem", "paged_signature", "remember"]
+__all__ = ["MAX_SIGNATURES", "Signature", "mqa_recall", "paged_problem", "paged_recall", "remember"]
 
 #: The most signatures one table remembers (engines send a handful of shapes per op).
 MAX_SIGNATURES = 1024
@@ -35,35 +36,57 @@ Signature = tuple[Any, ...]
 V = TypeVar("V")
 
 
-def mqa_signature(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any) -> Signature:
-    """The prefill op's signature; raises (anything) when an argument is not tensor-like."""
-    k, k_scale = kv
-    return (type(kv), type(clean_logits), clean_logits,
-            type(q), q.shape, q.stride(), q.dtype, q.device,
-            type(k), k.shape, k.stride(), k.dtype, k.device,
-            type(k_scale), k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.device,
-            type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
-            type(ks), ks.shape, ks.stride(), ks.dtype, ks.device,
-            type(ke), ke.shape, ke.stride(), ke.dtype, ke.device)
+def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: Any, ks: Any, ke: Any,
+               clean_logits: Any) -> tuple[Signature | None, V | None]:
+    """The prefill call's signature and what ``table`` holds for it (None when nothing).
+
+    ``(None, None)`` without a table (``MQA_VALIDATE=full``) or when the signature cannot be built
+    (not tensors where tensors belong: the checks then say what is wrong). One function per op, with
+    the signature built inline: the per-call path pays one Python call here, not two.
+    """
+    if table is None:
+        return None, None
+    try:
+        k, k_scale = kv
+        key = (type(kv), type(clean_logits), clean_logits,
+               type(q), q.shape, q.stride(), q.dtype, q.device,
+               type(k), k.shape, k.stride(), k.dtype, k.device,
+               type(k_scale), k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.device,
+               type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
+               type(ks), ks.shape, ks.stride(), ks.dtype, ks.device,
+               type(ke), ke.shape, ke.stride(), ke.dtype, ke.device)
+    except Exception:
+        return None, None
+    return key, table.get(key)
 
 
-def paged_signature(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
-                    max_context_len: Any, clean_logits: Any) -> Signature:
-    """The paged op's signature (``max_context_len`` is the problem's N, so it is part of it; the
-    cache's start address modulo 4 too, since the checks require its float32 scales aligned)."""
-    return (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
-            type(q), q.shape, q.stride(), q.dtype, q.device,
-            type(kv_cache), kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
-            kv_cache.data_ptr() & 3,
-            type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
-            type(context_lens), context_lens.shape, context_lens.stride(), context_lens.dtype,
-            context_lens.device,
-            type(block_tables), block_tables.shape, block_tables.stride(), block_tables.dtype,
-            block_tables.device)
+def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
+                 block_tables: Any, max_context_len: Any, clean_logits: Any) -> tuple[Signature | None, V | None]:
+    """As :func:`mqa_recall`, for the paged op (``max_context_len`` is the problem's N, so it is part of
+    the signature; the cache's start address modulo 4 too, since the checks require its float32 scales
+    aligned)."""
+    if table is None:
+        return None, None
+    try:
+        key = (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
+               type(q), q.shape, q.stride(), q.dtype, q.device,
+               type(kv_cache), kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
+               kv_cache.data_ptr() & 3,
+               type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
+               type(context_lens), context_lens.shape, context_lens.stride(), context_lens.dtype,
+               context_lens.device,
+               type(block_tables), block_tables.shape, block_tables.stride(), block_tables.dtype,
+               block_tables.device)
+    except Exception:
+        return None, None
+    return key, table.get(key)
 
 
-def remember(table: dict[Signature, V], key: Signature, value: V) -> None:
-    """``table[key] = value``, emptying a full table first (each step one atomic dict operation)."""
+def remember(table: dict[Signature, V] | None, key: Signature | None, value: V) -> None:
+    """``table[key] = value``, emptying a full table first (each step one atomic dict operation);
+    nothing when the recall gave no signature."""
+    if table is None or key is None:
+        return
     if len(table) >= MAX_SIGNATURES:
         table.clear()
     table[key] = value

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import validate
 from .errors import ProviderResultError
-from .memo import Signature, mqa_signature, paged_problem, paged_signature, remember
+from .memo import Signature, mqa_recall, paged_problem, paged_recall, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
@@ -81,19 +81,12 @@ class Provider:
                        cu_seqlen_ke: "torch.Tensor", *, clean_logits: bool = True) -> "torch.Tensor":
         """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in [ks[m], ke[m])."""
         table = self._passed_mqa
-        key = problem = None
-        if table is not None:
-            try:
-                key = mqa_signature(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
-                problem = table.get(key)
-            except Exception:  # not tensors where tensors belong: the checks below say what is wrong
-                key = None
+        key, problem = mqa_recall(table, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
         if problem is None:
             self._require("fp8_mqa_logits")
             problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
                                                spec=self.spec, full=self._validate_full)
-            if table is not None and key is not None:
-                remember(table, key, problem)
+            remember(table, key, problem)
         return self.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
     def run_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
@@ -116,20 +109,13 @@ class Provider:
                              clean_logits: bool = True) -> "torch.Tensor":
         """The decode variant over a paged fp8 cache (DeepGEMM's block layout)."""
         table = self._passed_paged
-        key = problem = None
-        if table is not None:
-            try:
-                key = paged_signature(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                      clean_logits)
-                problem = table.get(key)
-            except Exception:
-                key = None
+        key, problem = paged_recall(table, q, kv_cache, weights, context_lens, block_tables,
+                                      max_context_len, clean_logits)
         if problem is None:
             self._require("fp8_paged_mqa_logits")
             problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
                                     clean_logits, spec=self.spec, full=self._validate_full)
-            if table is not None and key is not None:
-                remember(table, key, problem)
+            remember(table, key, problem)
         return self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
                                          max_context_len, clean_logits)
 

@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .decision import Decision
-from .discovery import Discovery, describe_error, discover, unknown_names
+from .discovery import Discovery, cut_by_fork, describe_error, discover, unknown_names
 from .errors import ProviderUnavailableError
 from .memo import Signature
 from .provider import Provider, load_object
@@ -165,9 +165,9 @@ def _load(s: _State, spec: ProviderSpec) -> Provider | None:
     if provider is not None or spec.id in s.load_errors:
         return provider
     module = spec.load.partition(":")[0]
-    if any(module == m or module.startswith(m + ".") or m.startswith(module + ".") for m in _cut_by_fork):
-        error = (f"{module} was being imported by another thread when this process forked; importing it "
-                 "again here would hang (it loads in a fresh process)")
+    cut = cut_by_fork(module, _cut_by_fork)
+    if cut:
+        error = cut
     else:
         _inflight.add(module)
         try:

@@ -187,7 +187,8 @@ class ProviderSpec:
     :param dtypes: shorthand for fp8 flavours accepted for q and k alike: ``{d}`` means the pair
         ``(d, d)`` on every arch. When ``dtype_pairs`` is given, it is the declaration and this is
         derived from it: the flavours ``d`` whose pair ``(d, d)`` is declared on some arch.
-    :param priority: higher wins; ties break by name. In use: flydsl 300, gluon 200, torch_ref 0.
+    :param priority: higher wins; ties break by name. In use: flydsl 300, gluon 200, deepgemm 180,
+        triton 150, torch_ref 0.
     :param load: ``"module:attr"`` of the kernel object, imported only when chosen. The object has
         one method per op in ``ops``, with the op's signature.
     :param check: optional runtime check ``check(arch) -> None | reason``; must not raise or be slow.

@@ -50,18 +50,12 @@ def _same_device(op: str, named: dict[str, "torch.Tensor"]) -> None:
         raise ValueError(f"{op}: all tensors must be on one device; got {where}")
 
 
-def _fp8(op: str, q: Any, spec: ProviderSpec | None) -> list[str]:
-    """The fp8 flavours q may have: the contract's; the bound provider's pairs are judged later,
-    once q's device (hence arch) is known to be a tensor's."""
-    return list(DTYPES)
-
-
 def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
                     spec: ProviderSpec | None = None, full: bool = False) -> Problem:
     """Check the prefill op's arguments; return the problem sizes."""
     op = "fp8_mqa_logits"
-    allowed = _fp8(op, q, spec)
-    _tensor(op, "q", q, allowed, (None, None, None), "[M, H, D]")
+    # Any fp8 flavour of the contract: a bound provider's pairs are judged once the device is known.
+    _tensor(op, "q", q, DTYPES, (None, None, None), "[M, H, D]")
     m, h, d = q.shape
     if h == 0 or d == 0:
         raise ValueError(f"{op}: q must have H > 0 and D > 0; got {_desc(q)}")
@@ -94,8 +88,8 @@ def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any
                           spec: ProviderSpec | None = None, full: bool = False) -> Problem:
     """Check the paged (decode) op's arguments; return the problem sizes (M = B * next_n)."""
     op = "fp8_paged_mqa_logits"
-    allowed = _fp8(op, q, spec)
-    _tensor(op, "q", q, allowed, (None, None, None, None), "[B, next_n, H, D]")
+    # Any fp8 flavour of the contract: a bound provider's pairs are judged once the device is known.
+    _tensor(op, "q", q, DTYPES, (None, None, None, None), "[B, next_n, H, D]")
     b, next_n, h, d = q.shape
     if h == 0 or d == 0 or next_n == 0:
         raise ValueError(f"{op}: q must have next_n, H, D > 0; got {_desc(q)}")

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from repo_scripts import load_script
 
 from mqa_core.bench import report
 from mqa_core.bench.host import HostCost, host_costs, host_rows
@@ -173,16 +172,8 @@ def test_engine_preset_runs_on_the_cpu(tmp_path: Path, capsys: pytest.CaptureFix
     assert len(report.read_jsonl(str(out))) == len(rows)
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("h200_engine", ROOT / "bench" / "h200_engine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_deepgemm_stand_in_enforces_deepgemms_argument_checks() -> None:
-    dg = _script().StandInDeepGemm()
+    dg = load_script("bench/h200_engine.py").StandInDeepGemm()
     w = Workload(PREFILL, Problem(6, 300, 32, 64), "suffix")
     x = w.setup(CPU, 0)
     out = dg.fp8_mqa_logits(x.q, (x.k, x.k_scale), x.weights, x.ks, x.ke, True, 0)

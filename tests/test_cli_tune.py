@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 from mqa_core.cli.main import main
 from mqa_core.cli.tune import TuneShape, engine_preset
@@ -194,18 +195,8 @@ def test_the_kit_subset_checks_decode_with_arbitrary_2d_lengths():
     assert kit_check(provider_named("torch_ref", "cpu", op=op), op, 32, 64, cpu, seed=3) is None
 
 
-def _h200_script():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "h200_tuned.py"
-    spec = importlib.util.spec_from_file_location("h200_tuned", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_h200_mix_lies_in_the_engine_buckets_but_off_the_tuned_shapes():
-    script = _h200_script()
+    script = load_script("bench/h200_tuned.py")
     tuned = {s.bucket(): s for s in engine_preset()}
     shapes = script.mix()
     inside = [s for s in shapes if s.bucket() in tuned]
@@ -216,7 +207,7 @@ def test_the_h200_mix_lies_in_the_engine_buckets_but_off_the_tuned_shapes():
 def test_the_h200_measuring_path_runs_on_the_cpu(tuned, monkeypatch):
     import torch
 
-    script = _h200_script()
+    script = load_script("bench/h200_tuned.py")
     monkeypatch.setattr(script, "WARMUP", 0)
     monkeypatch.setattr(script, "REPEAT", 1)
     configs = {"tuned": {"MQA_TUNING": str(tuned), "MQA_PROVIDER": None},

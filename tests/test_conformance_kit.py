@@ -8,13 +8,14 @@ import os
 import textwrap
 import xml.etree.ElementTree as ET
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from kit_wrong_providers import KERNELS, SPECS, WRONG
 
-from mqa_core import DTYPE_PAIRS
+from mqa_core import DTYPE_PAIRS, ProviderSpec
 from mqa_core.reference import fp8_mqa_logits_ref
 from mqa_core.spec import Problem
 from mqa_core.testing import layouts
@@ -316,17 +317,15 @@ def test_arbitrary_lens_are_not_the_1d_rule() -> None:
 
 
 def test_pairs_and_their_names() -> None:
-    class Spec:
-        dtypes = frozenset({"float8_e4m3fn", "float8_e4m3fnuz"})
-
-    class PairSpec(Spec):
-        def pairs_for(self, arch: str) -> frozenset[tuple[str, str]]:
-            return frozenset({("float8_e4m3fn", "float8_e4m3fnuz"), ("float8_e4m3fnuz", "float8_e4m3fnuz")})
-
-    assert declared_pairs(Spec(), "cpu") == [("float8_e4m3fn", "float8_e4m3fn"),  # type: ignore[arg-type]
-                                             ("float8_e4m3fnuz", "float8_e4m3fnuz")]
-    assert declared_pairs(PairSpec(), "gfx942") == [("float8_e4m3fn", "float8_e4m3fnuz"),  # type: ignore[arg-type]
-                                                    ("float8_e4m3fnuz", "float8_e4m3fnuz")]
+    spec = ProviderSpec(name="flavours", ops={"fp8_mqa_logits"}, archs={"any"},
+                        dtypes={"float8_e4m3fn", "float8_e4m3fnuz"}, priority=0, load="m:x")
+    pair_spec = replace(spec, archs={"gfx942"}, dtype_pairs=[("float8_e4m3fn", "float8_e4m3fnuz"),
+                                                             ("float8_e4m3fnuz", "float8_e4m3fnuz")])
+    assert declared_pairs(spec, "cpu") == [("float8_e4m3fn", "float8_e4m3fn"), ("float8_e4m3fnuz", "float8_e4m3fnuz")]
+    assert declared_pairs(pair_spec, "gfx942") == [("float8_e4m3fn", "float8_e4m3fnuz"),
+                                                   ("float8_e4m3fnuz", "float8_e4m3fnuz")]
+    # on an arch it does not serve: its dtypes as same-flavour pairs (the kit's cases then say why)
+    assert declared_pairs(pair_spec, "sm_90") == [("float8_e4m3fnuz", "float8_e4m3fnuz")]
     assert parse_pair("e4m3fn") == ("float8_e4m3fn", "float8_e4m3fn")
     assert parse_pair("torch.float8_e4m3fn, e4m3fnuz") == ("float8_e4m3fn", "float8_e4m3fnuz")
     assert pair_id(("float8_e4m3fn", "float8_e4m3fnuz")) == "e4m3fn.e4m3fnuz"

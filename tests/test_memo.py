@@ -45,6 +45,19 @@ def outcome(fn):
     return "ok", tuple(out.shape), out.double().nan_to_num(neginf=-1e300).sum().item()
 
 
+def judged_afresh(call, change, checks, op):
+    """``call(**change)`` ends as it does with nothing remembered, after a good call was remembered:
+    checked once more (a signature not seen yet), while the good call stays remembered."""
+    unremembered = outcome(lambda: call(**change))
+    mqa_core.reload()
+    good = outcome(call)
+    assert good[0] == "ok" and outcome(call) == good
+    before = checks[op]
+    assert outcome(lambda: call(**change)) == unremembered
+    assert checks[op] == before + 1, "a signature not seen yet is checked"
+    assert outcome(call) == good and checks[op] == before + 1, "the good one is still remembered"
+
+
 @pytest.fixture
 def x():
     return make_inputs(PROBLEM, window="ragged", seed=3)
@@ -92,15 +105,7 @@ def test_prefill_signature_that_differs_is_judged_afresh_with_the_same_result(x,
         fn = mqa_core.fp8_mqa_logits if level == "api" else mqa_core.get_provider("cpu").fp8_mqa_logits
         return fn(a["q"], a["kv"], a["weights"], a["ks"], a["ke"], clean_logits=a["clean_logits"])
 
-    change = PREFILL_VARIANTS[variant](x)
-    unremembered = outcome(lambda: call(**change))
-    mqa_core.reload()
-    good = outcome(call)
-    assert good[0] == "ok" and outcome(call) == good
-    before = checks["mqa"]
-    assert outcome(lambda: call(**change)) == unremembered
-    assert checks["mqa"] == before + 1, "a signature not seen yet is checked"
-    assert outcome(call) == good and checks["mqa"] == before + 1, "the good one is still remembered"
+    judged_afresh(call, PREFILL_VARIANTS[variant](x), checks, "mqa")
 
 
 def test_a_repeated_call_is_checked_once_and_chooses_once(x, checks, monkeypatch):
@@ -236,15 +241,7 @@ def test_paged_signature_that_differs_is_judged_afresh_with_the_same_result(y, c
         return fn(a["q"], a["kv_cache"], a["weights"], a["context_lens"], a["block_tables"], a["max_context_len"],
                   clean_logits=a["clean_logits"])
 
-    change = PAGED_VARIANTS[variant](y)
-    unremembered = outcome(lambda: call(**change))
-    mqa_core.reload()
-    good = outcome(call)
-    assert good[0] == "ok" and outcome(call) == good
-    before = checks["paged"]
-    assert outcome(lambda: call(**change)) == unremembered
-    assert checks["paged"] == before + 1
-    assert outcome(call) == good and checks["paged"] == before + 1
+    judged_afresh(call, PAGED_VARIANTS[variant](y), checks, "paged")
 
 
 def test_paged_problems_carry_next_n_and_block_size(y):

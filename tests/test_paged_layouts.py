@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_definition import brute_force
 
 import mqa_core
 from mqa_core.reference import fp8_paged_mqa_logits_ref, pad_paged_cache, split_paged_cache
 from mqa_core.testing import calc_diff, make_paged_inputs
-
-NINF = float("-inf")
 
 
 def arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor:
@@ -23,26 +22,6 @@ def arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor
     if batch > 1:
         lens[1, 0] = ctx + 17  # past max_context_len: capped
     return lens.to(torch.int32)
-
-
-def brute_force(q, values, scales, weights, lens, tables, max_len):
-    """One cell at a time from the definition; out-of-range block ids give -inf."""
-    b, next_n, h, _ = q.shape
-    blocks, block_size = values.shape[0], values.shape[1]
-    out = torch.full((b * next_n, max_len), NINF, dtype=torch.float64)
-    for bi in range(b):
-        for j in range(next_n):
-            row = bi * next_n + j
-            seen = int(lens[bi, j]) if lens.dim() == 2 else int(lens[bi]) - next_n + j + 1
-            for p in range(min(seen, max_len, tables.shape[1] * block_size)):
-                blk, off = int(tables[bi, p // block_size]), p % block_size
-                if not 0 <= blk < blocks:
-                    continue
-                k = values[blk, off].double()
-                s = sum(float(weights[row, hh]) * max(float(q[bi, j, hh].double() @ k), 0.0)
-                        for hh in range(h))
-                out[row, p] = float(scales[blk, off]) * s
-    return out
 
 
 def same(out: torch.Tensor, ref: torch.Tensor, clean: bool = True, tol: float = 1e-6) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_definition import brute_force
 
 from mqa_core.reference import fp8_paged_mqa_logits_ref, split_paged_cache, visible_lengths
 from mqa_core.testing import calc_diff, make_paged_inputs
@@ -31,24 +32,6 @@ def test_visible_lengths():
     assert visible_lengths(lens, 2).tolist() == [4, 5, 0, 1, -1, 0]
     lens2 = torch.tensor([[3, 7], [0, 2]], dtype=torch.int32)
     assert visible_lengths(lens2, 2).tolist() == [3, 7, 0, 2]
-
-
-def brute_force(q, values, scales, weights, lens, tables, max_len):
-    """One cell at a time, straight from the definition."""
-    b, next_n, h, _ = q.shape
-    block_size = values.shape[1]
-    out = torch.full((b * next_n, max_len), float("-inf"), dtype=torch.float64)
-    for bi in range(b):
-        for j in range(next_n):
-            row = bi * next_n + j
-            seen = int(lens[bi, j]) if lens.dim() == 2 else int(lens[bi]) - next_n + j + 1
-            for p in range(min(seen, max_len, tables.shape[1] * block_size)):
-                blk, off = int(tables[bi, p // block_size]), p % block_size
-                k = values[blk, off].double()
-                s = sum(float(weights[row, hh]) * max(float(q[bi, j, hh].double() @ k), 0.0)
-                        for hh in range(h))
-                out[row, p] = float(scales[blk, off]) * s
-    return out
 
 
 @pytest.mark.parametrize("lens_2d", [False, True])

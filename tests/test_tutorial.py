@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repo_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "writing-a-provider.md"
@@ -50,14 +51,6 @@ def script() -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_overlay():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("overlay_venv", ROOT / ".ci" / "overlay_venv.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_blocks_are_what_the_harness_expects() -> None:
     found = blocks()
     files = [a["title"] for lang, a, _ in found if "title" in a]
@@ -80,7 +73,7 @@ def test_tutorial_runs_from_an_empty_folder_to_a_green_check(tmp_path: Path) -> 
         pytest.skip("a package mqa_provider_mine is installed here already (a finished tutorial?): the tutorial "
                     "would install a second provider named 'mine'")
     venv = tmp_path / "venv"
-    python = load_overlay().make_overlay(venv)
+    python = load_script(".ci/overlay_venv.py").make_overlay(venv)
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MQA_", "PYTEST_", "TRITON_INTERPRET"))}

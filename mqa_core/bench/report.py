@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import platform
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..tuning import cpu_name
 from ..versions import installed_version, triton_version
 
 #: Dense fp8 tensor-core peak in TFLOP/s by device-name fragment, from the vendors' spec sheets.
@@ -26,13 +26,7 @@ FP8_PEAK_TFLOPS = (
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{model or platform.processor() or platform.machine() or 'CPU'}, {torch.get_num_threads()} threads"
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"
 
 
 def fp8_peak(name: str) -> float | None:

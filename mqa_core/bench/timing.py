@@ -37,6 +37,18 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def rotating(call: Callable[[Any], Any], inputs: Sequence[Any]) -> Callable[[], Any]:
+    """A zero-argument ``call`` that reads the next input set each time (so caches do not hold one
+    set), for timers that take a bare callable (``do_bench``, CUDA-graph capture)."""
+    state = {"i": 0}
+
+    def fn() -> Any:
+        state["i"] += 1
+        return call(inputs[state["i"] % len(inputs)])
+
+    return fn
+
+
 def time_calls(call: Callable[[Any], Any], inputs: Sequence[Any], device: torch.device, *,
                warmup: int, repeat: int) -> Timing:
     """Time ``call(inputs[i % len(inputs)])``: each repeat reads a set the previous ones did not.

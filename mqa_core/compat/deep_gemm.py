@@ -12,8 +12,9 @@ DeepGEMM is listed in ``docs/compat-deep-gemm.md``; the main points:
   tensor of DeepGEMM's shape holding mqa-core's split of the batch over ``num_sms`` programs.
 - 1-D and 2-D ``context_lens`` with any values are accepted, and ``clean_logits=True`` works for
   the paged op (DeepGEMM requires 2-D lengths and then refuses ``clean_logits``).
-- Row strides of the results are those of mqa-core (rows padded to 16 floats), not DeepGEMM's
-  256-float alignment; shapes and values are the same.
+- Row strides of the results are the chosen provider's (the op's contract: last dim contiguous,
+  row stride ``>= N``; the Triton kernels pad rows to 16 floats, torch_ref not at all), not
+  necessarily DeepGEMM's 256-float alignment; shapes and values are the same.
 """
 
 from __future__ import annotations

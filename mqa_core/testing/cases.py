@@ -174,13 +174,9 @@ def arbitrary_lens(batch: int, next_n: int, max_context_len: int, seed: int) -> 
 
 
 def declared_pairs(spec: ProviderSpec, arch: str) -> list[Pair]:
-    """Every (q, k) dtype pair the spec accepts on ``arch``: ``spec.pairs_for(arch)`` where the spec
-    has it, else its ``dtypes`` as same-flavour pairs."""
-    pairs_for = getattr(spec, "pairs_for", None)
-    pairs = set(pairs_for(arch)) if callable(pairs_for) else set()
-    if not pairs:
-        pairs = {(d, d) for d in getattr(spec, "dtypes", ())}
-    return sorted((str(q), str(k)) for q, k in pairs)
+    """Every (q, k) dtype pair the spec accepts on ``arch`` (``spec.pairs_for``); on an arch it does
+    not serve, its ``dtypes`` as same-flavour pairs, so the kit still lists the cases that say why."""
+    return sorted(spec.pairs_for(arch) or {(d, d) for d in spec.dtypes})
 
 
 def parse_pair(text: str) -> Pair:

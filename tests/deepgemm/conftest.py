@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from mqa_provider_deepgemm import probe
+from provider_probes import fresh_probe_fixture
 
 STANDIN = (Path(__file__).parent / "standin_deep_gemm.py").read_text()
 
@@ -54,13 +55,8 @@ raise AssertionError("stand-in DeepGEMM: CUDA home not found (_find_cuda_home)")
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_probe(monkeypatch: pytest.MonkeyPatch):
-    """No cached DeepGEMM answer leaks between tests; the stand-in's arch defaults to sm_90."""
-    monkeypatch.delenv("MQA_TEST_DEEPGEMM_ARCH", raising=False)
-    probe.reset()
-    yield
-    probe.reset()
+#: No cached DeepGEMM answer leaks between tests; the stand-in's arch defaults to sm_90.
+_fresh_probe = fresh_probe_fixture(probe, "MQA_TEST_DEEPGEMM_ARCH")
 
 
 @pytest.fixture

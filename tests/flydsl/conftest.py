@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from mqa_provider_flydsl import probe
+from provider_probes import fresh_probe_fixture
 
 KERNEL_SOURCE = (Path(__file__).parent / "standin_aiter_fp8_mqa_logits.py").read_text()
 #: The released entry's module never names gfx950 in code; the stand-in's one mention is this line.
@@ -114,13 +115,8 @@ raise RuntimeError("stand-in AITER: no ROCm/HIP runtime found (hipGetDeviceCount
 '''
 
 
-@pytest.fixture(autouse=True)
-def _fresh_probe(monkeypatch: pytest.MonkeyPatch):
-    """No cached AITER answer leaks between tests; the stand-in's arch defaults to gfx942."""
-    monkeypatch.delenv("MQA_TEST_AITER_GFX", raising=False)
-    probe.reset()
-    yield
-    probe.reset()
+#: No cached AITER answer leaks between tests; the stand-in's arch defaults to gfx942.
+_fresh_probe = fresh_probe_fixture(probe, "MQA_TEST_AITER_GFX")
 
 
 @pytest.fixture

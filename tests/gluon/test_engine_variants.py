@@ -3,7 +3,6 @@ precheck verdicts are read right, and the sweep runs end to end with torch_ref s
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from repo_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "providers" / "gluon"))
@@ -19,11 +19,7 @@ from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ev() -> Any:
-    spec = importlib.util.spec_from_file_location("engine_variants", ROOT / "bench" / "engine_variants.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench/engine_variants.py")
 
 
 def test_every_variant_is_a_valid_config_and_every_shape_is_in_the_preset(ev: Any) -> None:

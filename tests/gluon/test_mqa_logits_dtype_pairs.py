@@ -23,17 +23,11 @@ from mqa_provider_gluon.ops.mqa_logits_triton import TritonConfig  # noqa: E402
 FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
 SMALL = TritonConfig(block_m=2, block_n=32, num_warps=4, num_stages=2)
 PAIRS = list(itertools.product((FN, FNUZ), repeat=2))
+pytestmark = pytest.mark.usefixtures("fresh_plans")
 
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-@pytest.fixture(autouse=True)
-def fresh_plans():
-    op.clear_caches()
-    yield
-    op.clear_caches()
 
 
 @pytest.fixture

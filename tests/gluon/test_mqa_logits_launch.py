@@ -32,20 +32,12 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 FN = torch.float8_e4m3fn
 SMALL = TritonConfig(block_m=2, block_n=32, num_warps=4, num_stages=2)
 SMALL_TMA = TritonConfig(block_m=2, block_n=32, num_warps=4, num_stages=2, tma=True)
+pytestmark = pytest.mark.usefixtures("fresh_plans")
 
 
 #: Direct launches are written for one triton release; elsewhere the launchers keep triton's launch
 #: (and the tests below check that instead).
 DIRECT = launch.direct_launch_unsupported() is None
-
-
-@pytest.fixture(autouse=True)
-def fresh_plans():
-    op.clear_caches()
-    g.clear_caches()
-    yield
-    op.clear_caches()
-    g.clear_caches()
 
 
 # ---- what Triton's specialisation reads from an int ---------------------------------------------

@@ -16,14 +16,7 @@ from mqa_provider_gluon.ops import mqa_logits_triton as op  # noqa: E402
 from mqa_provider_gluon.ops.mqa_logits_triton import TritonConfig, fp8_mqa_logits_triton  # noqa: E402
 
 SMALL = TritonConfig(block_m=2, block_n=32, num_warps=4, num_stages=2)
-
-
-@pytest.fixture(autouse=True)
-def fresh_plans():
-    """Each test decides its plans anew (some fake what the device reports), and leaves none behind."""
-    op.clear_caches()
-    yield
-    op.clear_caches()
+pytestmark = pytest.mark.usefixtures("fresh_plans")
 
 
 @pytest.fixture

@@ -33,18 +33,14 @@ from typing import Any
 
 import torch
 
+from mqa_core.arch import arch_of_device as _arch_of_device
+
 from . import probe
 from .clean import fill_tail
 from .limits import BLOCK_SIZES, COMMON_BLOCK_SIZES, MAX_NEXT_N
 
 #: TMA needs 16-byte aligned global addresses and strides.
 TMA_ALIGN = 16
-
-
-def _arch_of_device(device: Any) -> str:
-    from mqa_core.arch import arch_of_device
-
-    return arch_of_device(device)
 
 
 def _tma(t: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from mqa_core.arch import arch_of_device as _arch_of_device
+
 from . import pairs, probe
 
 #: gfx950's auto-selected FlyDSL variants use the 32x32x64 atom: heads in tiles of 32.
@@ -78,12 +80,6 @@ def call_flydsl(fn: probe.KernelFn, arch: str, q: torch.Tensor, kv: tuple[torch.
     if tuple(logits.shape) != (m, n):
         logits = logits[:m, :n]
     return logits
-
-
-def _arch_of_device(device: Any) -> str:
-    from mqa_core.arch import arch_of_device
-
-    return arch_of_device(device)
 
 
 def _current_stream(device: torch.device) -> Any:

@@ -61,7 +61,7 @@ from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 
 __all__ = ["PagedConfig", "VARIANTS", "compile_for", "default_config", "fp8_paged_mqa_logits_triton",
            "kernel", "resident_programs"]
 
-#: Output rows are padded to this many floats (64 bytes), the layout torch.ops.mqa declares.
+#: Output rows are padded to this many floats, so each row starts 64-byte aligned.
 _ROW_ALIGN = 16
 #: At most this many query rows (next_n * padded H) per program: the accumulator is TILE x ROWS fp32.
 _MAX_ROWS = 128
