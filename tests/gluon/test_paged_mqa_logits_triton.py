@@ -192,10 +192,13 @@ def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(mon
     answers; the kernel compiles for real). Triton's hook chains are truthy even when empty, so the
     launcher must ask whether one holds a hook: with none, the first call caches its launch under the
     variant it was built for and the next call takes it; with a hook, calls go through Triton's own
-    launch path (which hands the hook every launch)."""
+    launch path (which hands the hook every launch). Where direct launches are unsupported (a triton
+    other than the one they were written for), only the grid is kept and every call takes Triton's
+    path: the same kernel and grid each time, nothing bound."""
     import contextlib
 
     from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+    from mqa_provider_gluon.launch import direct_launch_unsupported
     from triton import knobs
 
     monkeypatch.setattr(op, "_arch_of", lambda device: "sm_90")
@@ -203,6 +206,8 @@ def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(mon
     monkeypatch.setattr(op, "_stream", lambda device: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(op, "_LAUNCHES", {})
+    monkeypatch.setattr(op, "_GRIDS", {})
+    direct = direct_launch_unsupported() is None
     cached = []
     real_run = op._run
     monkeypatch.setattr(op, "_run", lambda *a: cached.append(a[0]) or real_run(*a))
@@ -211,8 +216,13 @@ def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(mon
     cfg = VARIANTS["rows"]
     with host_only(HostOnlyDriver()) as drv:
         outs = [op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg) for _ in range(2)]
-        (launch,) = op._LAUNCHES.values()
-        assert launch.config == cfg and cached == [launch] and len(drv.launches) == 2
+        if direct:
+            (launch,) = op._LAUNCHES.values()
+            assert launch.config == cfg and cached == [launch] and not op._GRIDS
+        else:
+            (programs,) = op._GRIDS.values()
+            assert programs > 0 and not cached and not op._LAUNCHES
+        assert len(drv.launches) == 2
         first, second = drv.launches
         assert first[:5] == second[:5] and len(first) == len(second)  # grid, stream, the same kernel
         hook = lambda metadata: None  # noqa: E731
@@ -221,7 +231,8 @@ def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(mon
             outs.append(op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg))
         finally:
             knobs.runtime.launch_enter_hook.remove(hook)
-    assert cached == [launch] and len(drv.launches) == 3 and len(op._LAUNCHES) == 1
+    assert len(drv.launches) == 3 and drv.launches[2][:5] == first[:5]
+    assert cached == ([launch] if direct else []) and len(op._LAUNCHES) == int(direct)
 
 
 def test_signature_tells_apart_what_triton_specialises_on():
