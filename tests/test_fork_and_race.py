@@ -47,6 +47,12 @@ def fork_and_ask(code_in_child, timeout):
     if pid == 0:  # the child: never return into pytest
         try:
             os.close(read)
+            # GNU OpenMP's thread pool does not survive fork(): once earlier tests have run torch's
+            # parallel CPU kernels, a parallel matmul in the child waits forever for the parent's
+            # workers (torch's limitation, not the registry's). One thread keeps the child off the pool.
+            import torch
+
+            torch.set_num_threads(1)
             result = code_in_child()
             payload = json.dumps({"ok": result})
         except BaseException as exc:  # noqa: BLE001 - report anything to the parent
