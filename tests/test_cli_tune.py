@@ -43,6 +43,7 @@ def test_tune_writes_a_stamped_table_with_every_provider_in_every_bucket(tuned):
                                       "mqa-provider-example-chunked"}
     assert stamp["providers"] == {"torch_ref": "mqa-provider-torch-ref",
                                   "example_chunked": "mqa-provider-example-chunked"}
+    assert data["arguments"]["timing"] == "interleaved"  # the providers of a shape timed in the same rounds
     assert len(data["entries"]) == 4
     for e in data["entries"]:
         assert set(e["times_ms"]) == set(e["status"]) == {"torch_ref", "example_chunked"}
