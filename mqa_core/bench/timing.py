@@ -153,28 +153,31 @@ def time_interleaved(calls: Mapping[str, Callable[[Any], Any]], inputs: Sequence
 
     Each name gets ``warmup`` single calls, then its batch size from ``calls_for`` (a batch lasts at
     least ``target_ms``, at most ``most`` calls). Each name reads the input sets in turn across all its
-    calls. ``scopes[name]()``, where given, is entered around each of that name's batches (warm-up
-    included) and outside the timed span: the settings a configuration needs, for instance.
+    calls. ``scopes[name]()``, where given, is entered around each of that name's batches (once around
+    its warm-up and sizing) and outside the timed span: the settings a configuration needs, say.
     """
     if warmup < 0 or rounds < 1:
         raise ValueError(f"warmup must be >= 0 and rounds >= 1, got {warmup} and {rounds}")
     scope = (lambda name: scopes[name]()) if scopes else (lambda name: nullcontext())
     start = dict.fromkeys(calls, 0)  # the next input set of each name
 
-    def batch(name: str, n: int) -> float:
-        with scope(name):
-            ms = batch_ms(calls[name], inputs, start[name], n, device, timer)
+    def timed(name: str, n: int) -> float:
+        ms = batch_ms(calls[name], inputs, start[name], n, device, timer)
         start[name] += n
         return ms
+
+    def scoped(name: str, n: int) -> float:
+        with scope(name):
+            return timed(name, n)
 
     sizes: dict[str, int] = {}
     for name, call in calls.items():
         with scope(name):
             for i in range(warmup):
                 call(inputs[i % len(inputs)])
-        start[name] = warmup
-        sizes[name] = calls_for(functools.partial(batch, name), target_ms=target_ms, most=most)
-    samples = interleaved({name: functools.partial(batch, name, sizes[name]) for name in calls}, rounds)
+            start[name] = warmup
+            sizes[name] = calls_for(functools.partial(timed, name), target_ms=target_ms, most=most)
+    samples = interleaved({name: functools.partial(scoped, name, sizes[name]) for name in calls}, rounds)
     return {name: Timing(tuple(ms / sizes[name] for ms in samples[name]), sizes[name]) for name in calls}
 
 
