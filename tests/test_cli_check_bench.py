@@ -169,6 +169,15 @@ def test_bench_shape_json_plot_and_baseline(tmp_path: Path, capsys: pytest.Captu
     assert f"from {out}" in replay and "causal M=1 N=40 H=16 D=32" in replay and png.exists()
 
 
+def test_bench_interleaved_timing_is_named_in_the_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rows.jsonl"
+    assert main(["bench", "--providers", "torch_ref", "--shape", "16,48,8,64", "--repeat", "2", "--warmup", "0",
+                 "--timing", "interleaved", "--json", str(out)]) == 0
+    assert "median of 2 interleaved rounds of >= 1 ms batches" in capsys.readouterr().out
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["status"] == "ok" and row["timing"] == "interleaved" and row["calls_per_sample"] >= 1
+
+
 def test_bench_flags_a_wrong_provider(wrong_scale: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["bench", "--providers", "torch_ref,wrong_scale", "--shape", "16,48,4,32",
                  "--repeat", "1", "--warmup", "0"])

@@ -30,6 +30,7 @@ examples:
   mqa bench                                   # quick preset, every provider usable here
   mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
   mqa bench --providers gluon,triton --shape 4096,16384,64,128
+  mqa bench --providers gluon,triton --timing interleaved --shape 128,2048,64,128   # small shapes
   mqa bench --preset engine --providers torch_ref --scale 64   # the engine preset, CPU-sized"""
 
 
