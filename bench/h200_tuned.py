@@ -11,15 +11,20 @@ choice against each single provider over an engine-like mix of shapes (< 5 min).
    configuration is checked against a reference (float64 oracle, or torch_ref fp32 for large shapes),
    then timed through the public op, ``mqa_core.fp8_mqa_logits`` / ``fp8_paged_mqa_logits``, so the
    tuned lookup's host cost is included: ``tuned`` (MQA_TUNING=table) and ``P-only`` (MQA_PROVIDER=P) for
-   each provider. Median of 30 calls after 5 warm-up, inputs rotated (``mqa_core.bench.timing``).
+   each provider. The configurations are interleaved in the same rounds (``time_interleaved``): per
+   round, each in turn switches its MQA_* settings (reload, then one untimed call), then times a batch
+   of back-to-back calls lasting >= 1 ms, as an engine issues them; median of 15 rounds after 5 warm-up
+   calls, inputs rotated.
 3. Per shape: tuned ms / best single provider's ms; geomean and worst case; the short table is printed
    last, everything goes to $OUT/h200_tuned.json.
 
-Without ``deep_gemm`` importable it says so and compares gluon and triton only.
+Without ``deep_gemm`` importable it says so and compares gluon and triton only. ``--cpu-smoke`` runs
+every step on the CPU, on tiny shapes, with torch_ref and example_chunked (the tutorial's provider).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -27,12 +32,14 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 import mqa_core
-from mqa_core.bench.timing import sync, time_calls
+from mqa_core.bench.timing import sync, time_interleaved
 from mqa_core.bench.verify import compare
 from mqa_core.bench.workloads import Workload, input_sets
 from mqa_core.cli.main import main as mqa_main
@@ -40,13 +47,12 @@ from mqa_core.cli.tune import TuneShape
 from mqa_core.testing.providers import environment, provider_named, spec_named
 
 OUT = os.environ.get("OUT", "/tmp/out")
-TABLE = os.path.join(OUT, "h200_tuning.json")
 #: The tune step starts no shape after TUNE_BUDGET_S (DeepGEMM's first JIT compiles can take tens of
 #: seconds each on a fresh machine); the mix starts none after BUDGET_S, so the table (last) and the
 #: JSON always come out inside 5 minutes.
 #: ``--tune-budget S --budget S`` override both (a shorter device call).
 TUNE_BUDGET_S, BUDGET_S = 160.0, 265.0
-WARMUP, REPEAT = 5, 30
+WARMUP, ROUNDS = 5, 15
 T0 = time.time()
 
 
@@ -85,6 +91,18 @@ def mix() -> list[TuneShape]:
     return out
 
 
+def smoke_tune_shapes() -> list[str]:
+    """--cpu-smoke: what ``mqa tune --shapes`` measures, one shape per bucket, CPU-sized."""
+    return ["prefill:64,256,32,128", "prefill:128,512,32,128:full", "decode:2,256,1,32,128"]
+
+
+def smoke_mix() -> list[TuneShape]:
+    """--cpu-smoke: one shape inside each bucket of ``smoke_tune_shapes``, and two outside every bucket."""
+    return [TuneShape.prefill(100, 300, 32, 128), TuneShape.prefill(150, 600, 32, 128, "full"),
+            TuneShape.decode(3, 300, 1, 32, 128),
+            TuneShape.prefill(16, 2048, 32, 128), TuneShape.decode(1, 100, 1, 32, 128)]
+
+
 def run_op(w: Workload, x: Any) -> torch.Tensor:
     if w.op == "fp8_paged_mqa_logits":
         return mqa_core.fp8_paged_mqa_logits(*x.args(), clean_logits=True)
@@ -97,32 +115,56 @@ def reference(w: Workload, x: Any, arch: str) -> torch.Tensor:
     return w.run(provider_named("torch_ref", arch, op=w.op), x)
 
 
-def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device: torch.device,
-            arch: str) -> dict[str, Any]:
+@contextmanager
+def configured(env: dict[str, str | None], w: Workload, x: Any) -> Iterator[None]:
+    """A configuration's MQA_* settings, its fresh state primed by one call (discovery, selection and
+    the call-signature memo after the reload), so that the timed batch inside holds only steady calls."""
+    with environment(**env):
+        run_op(w, x)
+        yield
+
+
+def check(w: Workload, x: Any, ref: torch.Tensor, env: dict[str, str | None], device: torch.device,
+          arch: str) -> tuple[str, str]:
+    """(the provider the configuration picks, "ok" or what is wrong) for one call on ``x``."""
+    with environment(**env):
+        try:
+            chosen = mqa_core.get_provider(arch, op=w.op, problem=w.problem).name
+            out = run_op(w, x)
+            sync(device)
+            verdict = compare(out, ref, clean=True, against="reference")
+            del out
+        except Exception as exc:  # noqa: BLE001 - one failing config must not stop the others
+            return "", f"ERROR {type(exc).__name__}: {str(exc)[:200]}"
+    return chosen, "ok" if verdict.ok else f"WRONG ({chosen}): {verdict.detail}"
+
+
+def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device: torch.device, arch: str, *,
+            warmup: int = WARMUP, rounds: int = ROUNDS) -> dict[str, Any]:
+    """Check every configuration on one shape, then time the correct ones interleaved in the same rounds."""
     w = shape.workload()
     sets = [w.setup(device, 1000 + j) for j in range(input_sets(w, device))]
     ref = reference(w, sets[0], arch)
-    row: dict[str, Any] = {"shape": w.name, "op": w.op, "bucket": str(shape.bucket()), "ms": {}, "status": {}}
+    row: dict[str, Any] = {"shape": w.name, "op": w.op, "bucket": str(shape.bucket()), "ms": {}, "status": {},
+                           "calls_per_round": {}}
     for label, env in configs.items():
-        with environment(**env):
-            try:
-                chosen = mqa_core.get_provider(arch, op=w.op, problem=w.problem).name
-                out = run_op(w, sets[0])
-                sync(device)
-                verdict = compare(out, ref, clean=True, against="reference")
-                del out
-                if not verdict.ok:
-                    row["status"][label] = f"WRONG ({chosen}): {verdict.detail}"
-                    continue
-                t = time_calls(lambda x: run_op(w, x), sets, device, warmup=WARMUP, repeat=REPEAT)
-                row["ms"][label] = t.median
-                row["status"][label] = "ok"
-                if label == "tuned":
-                    row["tuned_pick"] = chosen
-            except Exception as exc:  # noqa: BLE001 - one failing config must not stop the others
-                row["status"][label] = f"ERROR {type(exc).__name__}: {str(exc)[:200]}"
+        chosen, row["status"][label] = check(w, sets[0], ref, env, device, arch)
+        if label == "tuned" and chosen:
+            row["tuned_pick"] = chosen
+    ok = [label for label, status in row["status"].items() if status == "ok"]
+    try:
+        times = time_interleaved({label: functools.partial(run_op, w) for label in ok}, sets, device,
+                                 warmup=warmup, rounds=rounds,
+                                 scopes={label: functools.partial(configured, configs[label], w, sets[0])
+                                         for label in ok}) if ok else {}
+    except Exception as exc:  # noqa: BLE001 - the row says why it has no times
+        row["status"].update(dict.fromkeys(ok, f"ERROR while timing: {type(exc).__name__}: {str(exc)[:200]}"))
+        times = {}
+    row["ms"] = {label: t.median for label, t in times.items()}
+    row["calls_per_round"] = {label: t.calls for label, t in times.items()}
     del sets, ref
-    torch.cuda.empty_cache()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     singles = {k: v for k, v in row["ms"].items() if k != "tuned"}
     if "tuned" in row["ms"] and singles:
         best = min(singles, key=lambda k: singles[k])
@@ -135,44 +177,51 @@ def geomean(values: list[float]) -> float | None:
 
 
 def main() -> int:
-    global TUNE_BUDGET_S, BUDGET_S
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tune-budget", type=float, default=TUNE_BUDGET_S, help="seconds for mqa tune's shapes")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds from start after which no mix "
                     "shape is started")
+    ap.add_argument("--cpu-smoke", action="store_true", help="every step on the CPU: tiny shapes, torch_ref "
+                    "and example_chunked")
+    ap.add_argument("--out", default=OUT, help="folder for the table and h200_tuned.json (default: $OUT)")
     args = ap.parse_args()
-    TUNE_BUDGET_S, BUDGET_S = args.tune_budget, args.budget
-    os.makedirs(OUT, exist_ok=True)
-    device = torch.device("cuda")
-    arch = mqa_core.detect_arch()
-    log(f"{torch.cuda.get_device_name()} ({arch}), torch {torch.__version__}")
-    names = ["gluon", "triton", "deepgemm"]
-    why = deepgemm_status(arch)
+    smoke, out = args.cpu_smoke, args.out
+    table = os.path.join(out, "h200_tuning.json")
+    os.makedirs(out, exist_ok=True)
+    device = torch.device("cpu" if smoke else "cuda")
+    arch = "cpu" if smoke else mqa_core.detect_arch()
+    device_name = "cpu" if smoke else torch.cuda.get_device_name()
+    log(f"{device_name} ({arch}), torch {torch.__version__}")
+    names, why = (["torch_ref", "example_chunked"], None) if smoke else (["gluon", "triton", "deepgemm"],
+                                                                        deepgemm_status(arch))
     if why:
         log(f"NOTE: {why}. Comparing gluon and triton only.")
         names.remove("deepgemm")
 
-    log(f"step 1: mqa tune --preset engine --providers {','.join(names)}")
-    rc = mqa_main(["tune", "--device", "cuda", "--preset", "engine", "--providers", ",".join(names),
-                   "--out", TABLE, "--warmup", "3", "--repeat", "15", "--budget", str(TUNE_BUDGET_S)])
-    log(f"mqa tune exit status {rc}; table {TABLE}")
-    if not os.path.exists(TABLE):
+    shapes_args = ["--shapes", *smoke_tune_shapes()] if smoke else ["--preset", "engine"]
+    log(f"step 1: mqa tune {' '.join(shapes_args)} --providers {','.join(names)}")
+    rc = mqa_main(["tune", "--device", device.type, *shapes_args, "--providers", ",".join(names),
+                   "--out", table, "--warmup", "1" if smoke else "3", "--repeat", "3" if smoke else "15",
+                   "--budget", str(args.tune_budget)])
+    log(f"mqa tune exit status {rc}; table {table}")
+    if not os.path.exists(table):
         log("no table was written; stopping")
         return 1
 
-    configs: dict[str, dict[str, str | None]] = {"tuned": {"MQA_TUNING": TABLE, "MQA_PROVIDER": None}}
+    configs: dict[str, dict[str, str | None]] = {"tuned": {"MQA_TUNING": table, "MQA_PROVIDER": None}}
     configs.update({f"{n}-only": {"MQA_PROVIDER": n, "MQA_TUNING": None} for n in names})
     rows = []
-    shapes = mix()
-    log(f"step 2: {len(shapes)} mix shapes x {len(configs)} configurations, checked then timed")
+    shapes = smoke_mix() if smoke else mix()
+    warmup, rounds = (1, 3) if smoke else (WARMUP, ROUNDS)
+    log(f"step 2: {len(shapes)} mix shapes x {len(configs)} configurations, checked then timed interleaved")
     for i, shape in enumerate(shapes, 1):
-        if time.time() - T0 > BUDGET_S:
+        if time.time() - T0 > args.budget:
             log(f"time budget reached: {len(shapes) - i + 1} mix shapes not started")
             break
         try:
-            row = measure(shape, configs, device, arch)
+            row = measure(shape, configs, device, arch, warmup=warmup, rounds=rounds)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             continue
@@ -184,8 +233,9 @@ def main() -> int:
 
     ratios = [r["tuned_vs_best"] for r in rows if "tuned_vs_best" in r]
     summary = {
-        "device": torch.cuda.get_device_name(), "arch": arch, "torch": torch.__version__, "providers": names,
-        "deepgemm_absent": why, "table": TABLE, "tune_exit_status": rc,
+        "device": device_name, "arch": arch, "torch": torch.__version__, "providers": names, "smoke": smoke,
+        "deepgemm_absent": why, "table": table, "tune_exit_status": rc,
+        "timing": f"interleaved: {rounds} rounds, each a >= 1 ms batch of back-to-back calls per configuration",
         "tuned_vs_best_geomean": geomean(ratios), "tuned_vs_best_worst": min(ratios) if ratios else None,
         # Within 3%: the medians of two configurations running the same kernel differ by about that.
         "tuned_at_least_best_everywhere_within_3pct": bool(ratios) and min(ratios) >= 0.97,
@@ -194,15 +244,16 @@ def main() -> int:
            for n in names},
         "rows": rows,
     }
-    with open(os.path.join(OUT, "h200_tuned.json"), "w") as f:
+    with open(os.path.join(out, "h200_tuned.json"), "w") as f:
         json.dump(summary, f, indent=1)
 
     cols = ["tuned", *[f"{n}-only" for n in names]]
-    print("\nshape                                         pick      " + "  ".join(f"{c:>13}" for c in cols)
-          + "  tuned/best")
+    width = max(13, *(len(c) for c in cols))
+    print("\nshape                                         pick      "
+          + "  ".join(f"{c:>{width}}" for c in cols) + "  tuned/best")
     for r in rows:
-        cells = "  ".join(f"{r['ms'][c]:13.4f}" if c in r["ms"] else f"{r['status'].get(c, '-')[:13]:>13}"
-                          for c in cols)
+        cells = "  ".join(f"{r['ms'][c]:{width}.4f}" if c in r["ms"]
+                          else f"{r['status'].get(c, '-')[:width]:>{width}}" for c in cols)
         ratio = f"{r['tuned_vs_best']:.2f}x" if "tuned_vs_best" in r else "-"
         print(f"{r['shape'][:45]:45} {r.get('tuned_pick', '-'):9} {cells}  {ratio:>10}")
     g, worst = summary["tuned_vs_best_geomean"], summary["tuned_vs_best_worst"]
@@ -211,7 +262,7 @@ def main() -> int:
     for n in names:
         v = summary[f"tuned_vs_{n}_only_geomean"]
         print(f"tuned vs {n}-only: geomean {v:.3f}x" if v else f"tuned vs {n}-only: -")
-    print(f"JSON: {os.path.join(OUT, 'h200_tuned.json')}; table: {TABLE}")
+    print(f"JSON: {os.path.join(out, 'h200_tuned.json')}; table: {table}")
     return 0
 
 

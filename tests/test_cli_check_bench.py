@@ -160,12 +160,22 @@ def test_bench_shape_json_plot_and_baseline(tmp_path: Path, capsys: pytest.Captu
         assert key in row
     assert row["versions"]["torch"] == torch.__version__ and "torch_ref" in row["versions"]["providers"]
     assert row["speedup"] == 1.0 and row["baseline"] == "torch_ref"
+    assert row["timing"] == "per-call" and row["calls_per_sample"] == 1  # bench's default method, named
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The table and the chart again from the saved rows, as after a run on a machine without matplotlib.
     png.unlink()
     assert main(["bench", "--from-json", str(out), "--plot", str(png)]) == 0
     replay = capsys.readouterr().out
     assert f"from {out}" in replay and "causal M=1 N=40 H=16 D=32" in replay and png.exists()
+
+
+def test_bench_interleaved_timing_is_named_in_the_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rows.jsonl"
+    assert main(["bench", "--providers", "torch_ref", "--shape", "16,48,8,64", "--repeat", "2", "--warmup", "0",
+                 "--timing", "interleaved", "--json", str(out)]) == 0
+    assert "median of 2 interleaved rounds of >= 1 ms batches" in capsys.readouterr().out
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["status"] == "ok" and row["timing"] == "interleaved" and row["calls_per_sample"] >= 1
 
 
 def test_bench_flags_a_wrong_provider(wrong_scale: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -203,6 +213,50 @@ def test_paged_workload_runs_and_verifies() -> None:
     (row,) = rows
     assert row["status"] == "ok" and row["verified_against"] == "float64 oracle", row
     assert row["valid_pairs"] == 2 * (149 + 150) and row["calc_diff"] < 1e-9
+
+
+class _Doubled:
+    """torch_ref's result times two: wrong, so it must be reported and never timed."""
+
+    def fp8_mqa_logits(self, *args, **kw):
+        from mqa_provider_torch_ref.kernels import KERNELS
+
+        return KERNELS.fp8_mqa_logits(*args, **kw) * 2
+
+
+def test_interleaved_timing_times_the_correct_providers_of_a_workload_together(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from mqa_core import Provider, ProviderSpec
+    from mqa_core.bench import runner
+
+    seen: list[list[str]] = []
+    real = runner.time_interleaved
+
+    def spy(calls, *args, **kw):
+        seen.append(list(calls))
+        return real(calls, *args, **kw)
+
+    monkeypatch.setattr(runner, "time_interleaved", spy)
+    ref = provider_named("torch_ref", "cpu")
+    off = Provider(ProviderSpec(name="off", ops={"fp8_mqa_logits"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                                priority=0, load="nowhere.off:KERNEL"), _Doubled())
+    providers = {("torch_ref", "fp8_mqa_logits"): ref, ("twin", "fp8_mqa_logits"): ref,
+                 ("off", "fp8_mqa_logits"): off}
+    work = [Workload("fp8_mqa_logits", Problem(16, 48, 8, 64), "causal", True),
+            Workload("fp8_mqa_logits", Problem(8, 32, 8, 64), "full", True)]
+    rows = run_workloads(work, ["torch_ref", "off", "twin"], providers, torch.device("cpu"), "cpu",
+                         warmup=1, repeat=3, timing="interleaved")
+    assert seen == [["torch_ref", "twin"]] * 2  # one interleaved timing per workload, the wrong one left out
+    by = {(r["workload"], r["provider"]): r for r in rows}
+    for w in work:
+        assert by[(w.name, "off")]["status"] == "wrong" and "ms_median" not in by[(w.name, "off")]
+        for name in ("torch_ref", "twin"):
+            r = by[(w.name, name)]
+            assert r["status"] == "ok" and r["timing"] == "interleaved" and r["repeat"] == 3
+            assert 1 <= r["calls_per_sample"] <= 256 and r["ms_p10"] <= r["ms_median"] <= r["ms_p90"]
+    with pytest.raises(ValueError, match="timing must be one of per-call, interleaved"):
+        run_workloads(work, ["torch_ref"], providers, torch.device("cpu"), "cpu", warmup=0, repeat=1,
+                      timing="events")
 
 
 def test_presets_match_the_issue() -> None:

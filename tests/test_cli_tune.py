@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_scripts import load_script
+from repo_scripts import ROOT, load_script
 
 from mqa_core.cli.main import main
 from mqa_core.cli.tune import TuneShape, engine_preset
@@ -43,6 +43,7 @@ def test_tune_writes_a_stamped_table_with_every_provider_in_every_bucket(tuned):
                                       "mqa-provider-example-chunked"}
     assert stamp["providers"] == {"torch_ref": "mqa-provider-torch-ref",
                                   "example_chunked": "mqa-provider-example-chunked"}
+    assert data["arguments"]["timing"] == "interleaved"  # the providers of a shape timed in the same rounds
     assert len(data["entries"]) == 4
     for e in data["entries"]:
         assert set(e["times_ms"]) == set(e["status"]) == {"torch_ref", "example_chunked"}
@@ -208,17 +209,43 @@ def test_the_h200_measuring_path_runs_on_the_cpu(tuned, monkeypatch):
     import torch
 
     script = load_script("bench/h200_tuned.py")
-    monkeypatch.setattr(script, "WARMUP", 0)
-    monkeypatch.setattr(script, "REPEAT", 1)
     configs = {"tuned": {"MQA_TUNING": str(tuned), "MQA_PROVIDER": None},
                "torch_ref-only": {"MQA_PROVIDER": "torch_ref", "MQA_TUNING": None},
                "example_chunked-only": {"MQA_PROVIDER": "example_chunked", "MQA_TUNING": None}}
-    row = script.measure(TuneShape.prefill(100, 300, 32, 128), configs, torch.device("cpu"), "cpu")
+    switched: list[str | None] = []
+    real = script.environment
+
+    def spy(**env):  # which configuration each timed batch (and each check) ran under
+        switched.append(env.get("MQA_PROVIDER") or "tuned")
+        return real(**env)
+
+    monkeypatch.setattr(script, "environment", spy)
+    row = script.measure(TuneShape.prefill(100, 300, 32, 128), configs, torch.device("cpu"), "cpu",
+                         warmup=0, rounds=2)
     assert set(row["status"].values()) == {"ok"}, row
     assert row["tuned_pick"] in ("torch_ref", "example_chunked") and row["tuned_vs_best"] > 0
-    paged = script.measure(TuneShape.decode(2, 300, 1, 32, 128), configs, torch.device("cpu"), "cpu")
+    assert set(row["ms"]) == set(row["calls_per_round"]) == set(configs)
+    # three checks, one warm-up/sizing scope per configuration, then the configurations in turn per round
+    assert switched == ["tuned", "torch_ref", "example_chunked"] * 4, switched
+    paged = script.measure(TuneShape.decode(2, 300, 1, 32, 128), configs, torch.device("cpu"), "cpu",
+                           warmup=0, rounds=1)
     assert paged["status"]["example_chunked-only"].startswith("ERROR ProviderUnavailableError")
     assert paged["tuned_pick"] == "torch_ref" and paged["best_single"] == "torch_ref-only"
+
+
+def test_the_h200_script_cpu_smoke(tmp_path):
+    """The whole script (tune, the mix checked then timed interleaved, the table and JSON) on the CPU."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "h200_tuned.py"), "--cpu-smoke", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MQA_")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "h200_tuned.json").read_text())
+    assert data["smoke"] and data["tune_exit_status"] == 0 and data["timing"].startswith("interleaved")
+    assert len(data["rows"]) == 5 and data["tuned_vs_best_geomean"] > 0
+    for r in data["rows"]:
+        assert r["status"]["tuned"] == r["status"]["torch_ref-only"] == "ok", r
+        assert r["tuned_pick"] in ("torch_ref", "example_chunked") and set(r["ms"]) == set(r["calls_per_round"])
+    assert "tuned vs the best single provider per shape" in proc.stdout
 
 
 def test_a_time_budget_leaves_unmeasured_shapes_out(tmp_path, capsys):

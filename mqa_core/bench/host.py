@@ -9,6 +9,7 @@ Levels are timed in interleaved rounds (median over rounds), so drift of the mac
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +21,7 @@ import torch
 from ..provider import Provider
 from ..testing.data import Inputs
 from ..testing.providers import environment
-from .timing import graph_time, sync
+from .timing import graph_time, interleaved, sync
 from .verify import compare
 from .workloads import Workload
 
@@ -72,13 +73,8 @@ def host_costs(fns: Mapping[str, Callable[[], Any]], wait: Callable[[], None], *
     for fn in fns.values():
         for _ in range(warmup):
             fn()
-    samples: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            host, wall = per_call_us(fn, calls, wait)
-            samples[name][0].append(host)
-            samples[name][1].append(wall)
-    return {k: HostCost(tuple(h), tuple(w), calls) for k, (h, w) in samples.items()}
+    samples = interleaved({k: functools.partial(per_call_us, fn, calls, wait) for k, fn in fns.items()}, rounds)
+    return {k: HostCost(tuple(h for h, _ in s), tuple(w for _, w in s), calls) for k, s in samples.items()}
 
 
 def level_calls(provider: Provider, x: Inputs, clean: bool) -> dict[str, Callable[[], torch.Tensor]]:

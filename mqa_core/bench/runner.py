@@ -12,7 +12,7 @@ from ..provider import Provider
 from ..select import shape_reason
 from ..testing.providers import provider_named
 from .report import tflops_text
-from .timing import graph_time, sync, time_calls
+from .timing import Timing, graph_time, sync, time_calls, time_interleaved
 from .verify import Verdict, compare
 from .workloads import Workload, input_sets
 
@@ -31,16 +31,36 @@ def reference(w: Workload, x: Any, providers: Mapping[tuple[str, str], Provider]
     return w.run(ref, x), "torch_ref (fp32)"
 
 
+#: How ``run_workloads`` times the providers that passed the check, by the name rows give in ``timing``.
+TIMING = {
+    "per-call": "CUDA events around each single call, one provider after another (time_calls)",
+    "interleaved": "batches of back-to-back calls lasting >= 1 ms, all providers of a workload once per "
+                   "round (time_interleaved): what an engine sees, drift shared; use it to compare",
+}
+
+
+def time_providers(calls: Mapping[str, Callable[[Any], Any]], sets: Sequence[Any], device: torch.device,
+                   timing: str, *, warmup: int, repeat: int) -> dict[str, Timing]:
+    """Each call's Timing by the method ``timing`` names (a key of ``TIMING``); ``repeat`` samples each."""
+    if timing == "interleaved":
+        return time_interleaved(calls, sets, device, warmup=warmup, rounds=repeat)
+    return {name: time_calls(call, sets, device, warmup=warmup, repeat=repeat) for name, call in calls.items()}
+
+
 def run_workloads(work: Sequence[Workload], names: Sequence[str],
                   providers: Mapping[tuple[str, str], Provider], device: torch.device, arch: str, *,
                   warmup: int, repeat: int, seed: int = 0, peak: float | None = None,
-                  common: Mapping[str, Any] | None = None, graph: bool = False,
+                  common: Mapping[str, Any] | None = None, graph: bool = False, timing: str = "per-call",
                   progress: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
     """One row per (workload, provider): status ok (timed), wrong, error or skipped, with the reason.
 
+    Every provider of a workload is checked first, then the correct ones are timed by ``timing`` (a
+    key of ``TIMING``, named in each row; ``repeat`` samples, each of ``calls_per_sample`` calls).
     With ``graph`` (CUDA only), each correct provider is also timed replaying a CUDA graph of its
-    calls (``graph_ms``: the device's time alone) besides the per-call events (``ms_median``).
+    calls (``graph_ms``: the device's time alone) besides ``ms_median``.
     """
+    if timing not in TIMING:
+        raise ValueError(f"timing must be one of {', '.join(TIMING)}, got {timing!r}")
     rows: list[dict[str, Any]] = []
     for i, w in enumerate(work, 1):
         tag = f"[{i}/{len(work)}] {w.name}"
@@ -48,13 +68,15 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
         pairs, flops = w.valid_pairs(sets[0]), w.flops(sets[0])
         ref_out: torch.Tensor | None = None
         against = ""
+        passed: dict[str, tuple[dict[str, Any], Verdict]] = {}
+        calls: dict[str, Callable[[Any], torch.Tensor]] = {}
         for name in names:
             row: dict[str, Any] = {
                 "record": "time", "provider": name, "workload": w.name, "label": w.label, "op": w.op,
                 "kind": w.kind, "m": w.problem.m, "n": w.problem.n, "h": w.problem.h, "d": w.problem.d,
                 "batch": w.batch or None, "next_n": w.next_n or None, "requests": len(w.requests) or None,
                 "window": w.window or None, "clean": w.clean, "valid_pairs": pairs, "flops": flops,
-                "repeat": repeat, "warmup": warmup, "input_sets": len(sets), **(common or {})}
+                "repeat": repeat, "warmup": warmup, "input_sets": len(sets), "timing": timing, **(common or {})}
             rows.append(row)
             provider = providers.get((name, w.op))
             reason = f"does not declare {w.op}" if provider is None else shape_reason(provider.spec, w.problem)
@@ -82,29 +104,44 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
                 row.update(status="wrong", reason=verdict.detail)
                 progress(f"{tag} {name}: WRONG vs {against}: {verdict.detail}")
                 continue
+
             def call(x: Any, w: Workload = w, p: Provider = provider) -> torch.Tensor:
                 return w.run(p, x)
 
-            t = time_calls(call, sets, device, warmup=warmup, repeat=repeat)
-            s = t.summary()
-            tflops = flops / (s["median"] * 1e-3) / 1e12
-            row.update(status="ok", ms_median=s["median"], ms_p10=s["p10"], ms_p90=s["p90"],
-                       ms_min=s["min"], ms_mean=s["mean"], tflops=tflops,
-                       pct_peak=None if peak is None else 100 * tflops / peak)
-            extra = ""
+            passed[name], calls[name] = (row, verdict), call
+        timings = time_providers(calls, sets, device, timing, warmup=warmup, repeat=repeat) if calls else {}
+        for name, (row, verdict) in passed.items():
+            extra = timed_row(row, timings[name], flops, peak)
             if graph and device.type == "cuda":
-                try:
-                    g, note = graph_time(call, sets, device)
-                except Exception as exc:  # a capture that fails costs this column, not the run
-                    g, note = None, f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
-                if g is None:
-                    row.update(graph_ms=None, graph_note=note)
-                else:
-                    row.update(graph_ms=g.median, graph_tflops=flops / (g.median * 1e-3) / 1e12)
-                    extra = f", graph replay {g.median:.3f} ms"
+                extra += graph_columns(row, calls[name], sets, device, flops)
             progress(f"{tag} {name}: ok (calc_diff {verdict.calc_diff:.1e} vs {against}), "
-                     f"{s['median']:.3f} ms, {tflops_text(tflops)} TFLOP/s{extra}")
-        del sets, ref_out
+                     f"{row['ms_median']:.3f} ms, {tflops_text(row['tflops'])} TFLOP/s{extra}")
+        del sets, ref_out, calls
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def timed_row(row: dict[str, Any], t: Timing, flops: float, peak: float | None) -> str:
+    """Fill a correct provider's row from its Timing; the progress text it adds (the batch size)."""
+    s = t.summary()
+    tflops = flops / (s["median"] * 1e-3) / 1e12
+    row.update(status="ok", ms_median=s["median"], ms_p10=s["p10"], ms_p90=s["p90"], ms_min=s["min"],
+               ms_mean=s["mean"], tflops=tflops, pct_peak=None if peak is None else 100 * tflops / peak,
+               calls_per_sample=t.calls)
+    return f" (batches of {t.calls} calls)" if t.calls > 1 else ""
+
+
+def graph_columns(row: dict[str, Any], call: Callable[[Any], Any], sets: Sequence[Any], device: torch.device,
+                  flops: float) -> str:
+    """CUDA-graph replay columns of a row; the progress text they add. A capture that fails costs these
+    columns, not the run."""
+    try:
+        g, note = graph_time(call, sets, device)
+    except Exception as exc:
+        g, note = None, f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
+    if g is None:
+        row.update(graph_ms=None, graph_note=note)
+        return ""
+    row.update(graph_ms=g.median, graph_tflops=flops / (g.median * 1e-3) / 1e12)
+    return f", graph replay {g.median:.3f} ms"

@@ -1,21 +1,38 @@
-"""Time a call: device events on GPUs, perf_counter on the CPU; warm-up first, inputs rotated."""
+"""Time a call: device events on GPUs, perf_counter on the CPU; warm-up first, inputs rotated.
+
+Two methods. ``time_calls`` puts an event pair around each single call, one candidate after another.
+``time_interleaved`` times batches of back-to-back calls, every candidate once per round: what an
+engine sees (calls issued back to back), with drift shared by all candidates. Use it to compare.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Milliseconds per call over the repeats."""
+    """Milliseconds per call, one sample per repeat (or per round); each sample the mean of ``calls``
+    calls issued back to back."""
 
     samples: tuple[float, ...]
+    calls: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.samples or self.calls < 1:
+            raise ValueError(f"Timing needs >= 1 sample and calls >= 1; got {len(self.samples)} samples, "
+                             f"calls={self.calls}")
 
     @property
     def median(self) -> float:
@@ -76,6 +93,92 @@ def time_calls(call: Callable[[Any], Any], inputs: Sequence[Any], device: torch.
         sync(device)
         samples.append((time.perf_counter() - t0) * 1e3)
     return Timing(tuple(samples))
+
+
+def interleaved(batches: Mapping[str, Callable[[], T]], rounds: int) -> dict[str, list[T]]:
+    """``rounds`` results of each batch, the batches run in the mapping's order within every round, so
+    drift of the machine (clocks, heat, other jobs) falls on every name alike, not on whichever ran
+    last; the median over rounds then drops a round that one disturbance hit."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    results: dict[str, list[T]] = {name: [] for name in batches}
+    for _ in range(rounds):
+        for name, batch in batches.items():
+            results[name].append(batch())
+    return results
+
+
+def batch_ms(call: Callable[[Any], Any], inputs: Sequence[Any], start: int, calls: int, device: torch.device,
+             timer: Callable[[], float] = time.perf_counter) -> float:
+    """Milliseconds for ``calls`` calls issued back to back on the input sets from ``start`` on, the
+    device idle before: on a GPU two events around the whole batch and one sync after (a host-bound
+    call shows the host's pace, as in a serving loop), elsewhere ``timer`` and a sync."""
+    sync(device)
+    if device.type == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for i in range(start, start + calls):
+            call(inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        return float(begin.elapsed_time(end))
+    t0 = timer()
+    for i in range(start, start + calls):
+        call(inputs[i % len(inputs)])
+    sync(device)
+    return (timer() - t0) * 1e3
+
+
+def calls_for(ms_of: Callable[[int], float], *, target_ms: float, most: int) -> int:
+    """How many back-to-back calls make a batch of about ``target_ms`` (1 to ``most``): ``ms_of(n)``
+    times batches of 1, 2, 4, ... calls until one lasts that long, then the count is scaled to it. A
+    batch that long measures a small call in its steady state, not one launch from an idle device."""
+    if most < 1:
+        raise ValueError(f"most must be >= 1, got {most}")
+    n = 1
+    while True:
+        ms = ms_of(n)
+        if ms >= target_ms or n >= most:
+            break
+        n = min(most, 2 * n)
+    return most if ms <= 0 else max(1, min(most, math.ceil(round(n * target_ms / ms, 6))))  # no call for float noise
+
+
+def time_interleaved(calls: Mapping[str, Callable[[Any], Any]], inputs: Sequence[Any], device: torch.device, *,
+                     warmup: int, rounds: int, target_ms: float = 1.0, most: int = 256,
+                     scopes: Mapping[str, Callable[[], AbstractContextManager[Any]]] | None = None,
+                     timer: Callable[[], float] = time.perf_counter) -> dict[str, Timing]:
+    """Per name, ms per call of ``calls[name](inputs[i % len(inputs)])``: one sample per round, each
+    the mean of a batch of back-to-back calls (``batch_ms``), every name once per round (``interleaved``).
+
+    Each name gets ``warmup`` single calls, then its batch size from ``calls_for`` (a batch lasts at
+    least ``target_ms``, at most ``most`` calls). Each name reads the input sets in turn across all its
+    calls. ``scopes[name]()``, where given, is entered around each of that name's batches (once around
+    its warm-up and sizing) and outside the timed span: the settings a configuration needs, say.
+    """
+    if warmup < 0 or rounds < 1:
+        raise ValueError(f"warmup must be >= 0 and rounds >= 1, got {warmup} and {rounds}")
+    scope = (lambda name: scopes[name]()) if scopes else (lambda name: nullcontext())
+    start = dict.fromkeys(calls, 0)  # the next input set of each name
+
+    def timed(name: str, n: int) -> float:
+        ms = batch_ms(calls[name], inputs, start[name], n, device, timer)
+        start[name] += n
+        return ms
+
+    def scoped(name: str, n: int) -> float:
+        with scope(name):
+            return timed(name, n)
+
+    sizes: dict[str, int] = {}
+    for name, call in calls.items():
+        with scope(name):
+            for i in range(warmup):
+                call(inputs[i % len(inputs)])
+            start[name] = warmup
+            sizes[name] = calls_for(functools.partial(timed, name), target_ms=target_ms, most=most)
+    samples = interleaved({name: functools.partial(scoped, name, sizes[name]) for name in calls}, rounds)
+    return {name: Timing(tuple(ms / sizes[name] for ms in samples[name]), sizes[name]) for name in calls}
 
 
 def host_syncs(call: Callable[[], Any]) -> str:

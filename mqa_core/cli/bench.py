@@ -30,6 +30,7 @@ examples:
   mqa bench                                   # quick preset, every provider usable here
   mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
   mqa bench --providers gluon,triton --shape 4096,16384,64,128
+  mqa bench --providers gluon,triton --timing interleaved --shape 128,2048,64,128   # small shapes
   mqa bench --preset engine --providers torch_ref --scale 64   # the engine preset, CPU-sized"""
 
 
@@ -59,7 +60,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--clean", action=argparse.BooleanOptionalAction, default=True,
                    help="clean_logits: -inf outside the windows (default: on)")
     p.add_argument("--baseline", metavar="NAME", help="show speedups against this provider")
-    p.add_argument("--repeat", type=int, default=None, help="timed calls (default: 30 on GPU, 5 on CPU)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed calls, or rounds with --timing interleaved (default: 30 on GPU, 5 on CPU)")
+    p.add_argument("--timing", choices=("per-call", "interleaved"), default="per-call",
+                   help="per-call: CUDA events around each call, one provider after another (default); "
+                        "interleaved: per round, a >= 1 ms batch of back-to-back calls per provider, the "
+                        "providers in turn (what an engine sees; use it to compare small shapes). Rows name it")
     p.add_argument("--warmup", type=int, default=None,
                    help="untimed calls first (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -185,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
               f"{name_of_device}; fp8 peak {'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}; "
               f"{warmup} warm-up + {repeat} timed calls each, correctness checked first")
     rows = run_workloads(work, names, providers, device, arch, warmup=warmup, repeat=repeat,
-                         seed=args.seed, peak=peak, common=common, graph=graph, progress=_progress)
+                         seed=args.seed, peak=peak, common=common, graph=graph, timing=args.timing,
+                         progress=_progress)
     if host_cost:
         from ..bench.host import host_rows
 
@@ -193,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
         rows += host_rows(hw, [n for n in names if (n, hw.op) in providers], providers, device, arch,
                           calls=args.host_calls or (200 if gpu else 20), rounds=5 if gpu else 3,
                           seed=args.seed, common=common, progress=_progress)
-    print(f"fp8 MQA logits on {name_of_device} ({arch}): median of {repeat} calls after {warmup} warm-up, "
+    method = (f"{repeat} calls" if args.timing == "per-call"
+              else f"{repeat} interleaved rounds of >= 1 ms batches of back-to-back calls")
+    print(f"fp8 MQA logits on {name_of_device} ({arch}): median of {method} after {warmup} warm-up, "
           f"inputs rotated; TFLOP/s counts 2*H*D per in-window pair"
           + ("; graph = CUDA-graph replay, the device's time alone" if graph else ""))
     report.add_speedups(rows, args.baseline)

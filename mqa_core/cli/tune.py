@@ -5,8 +5,11 @@ conformance kit at each (op, H, D) the shapes use, through the kit's own case ru
 corner-case and empty windows, 1-D and arbitrary 2-D paged lengths, each call with its output poisoned
 and checked cell by cell. A provider that fails is left out of those buckets. Then
 every shape is checked against a reference and timed (``mqa bench``'s runner), with a progress bar on
-stderr. The table (``mqa_core.tuning``) records every provider's time in every bucket, stamped with
-what the timings depend on; the summary shows each bucket's winner.
+stderr: the providers of a shape in interleaved rounds, each round a batch of back-to-back calls per
+provider lasting >= 1 ms (``time_interleaved``), so small host-bound shapes are timed at the pace an
+engine sees and drift falls on every provider alike. The table (``mqa_core.tuning``) records every
+provider's time in every bucket, stamped with what the timings depend on; the summary shows each
+bucket's winner.
 """
 
 from __future__ import annotations
@@ -139,7 +142,9 @@ def add_parser(sub: Any) -> None:
                    help="shapes to measure, added to --preset (see below)")
     p.add_argument("--out", default="mqa-tuning.json", metavar="FILE", help="the table (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the table as JSON instead of the summary")
-    p.add_argument("--repeat", type=int, default=None, help="timed calls (default: 20 on GPU, 5 on CPU)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed rounds, each a batch of back-to-back calls per provider lasting >= 1 ms, the "
+                        "providers interleaved (default: 20 on GPU, 5 on CPU)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default: 5 on GPU, 1 on CPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
@@ -263,7 +268,7 @@ def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[t
             if name not in timed:
                 progress.step(f"{shape.name} {name}: {mine[name].status}")
         rows = run_workloads([shape.workload()], timed, providers, device, arch, warmup=warmup, repeat=repeat,
-                             seed=seed + i, progress=progress.step) if timed else []
+                             seed=seed + i, timing="interleaved", progress=progress.step) if timed else []
         for row in rows:
             status = row["status"]
             if status == "ok":
@@ -341,7 +346,8 @@ def run(args: argparse.Namespace) -> int:
 
     device_name = report.device_name(device)
     print(f"mqa tune: {len(shapes)} shapes x {len(names)} providers ({', '.join(names)}) on {device_name} "
-          f"({arch}); kit subset, then {warmup} warm-up + {repeat} timed calls each", file=sys.stderr, flush=True)
+          f"({arch}); kit subset, then {warmup} warm-up calls + {repeat} interleaved rounds of >= 1 ms "
+          "batches each", file=sys.stderr, flush=True)
     progress = Progress(len(shapes) * len(names))
     try:
         results = measure(shapes, names, providers, device, arch, warmup=warmup, repeat=repeat, seed=args.seed,
@@ -351,14 +357,16 @@ def run(args: argparse.Namespace) -> int:
     dists = {n: spec.distribution for n in names if (spec := spec_named(n)) is not None}
     info = {"created": report.now(), "commit": report.git_commit(),
             "arguments": {"device": str(device), "providers": list(names), "preset": preset,
-                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "seed": args.seed,
+                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "timing": "interleaved",
+                          "seed": args.seed,
                           "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)}}
     table = build_table(shapes, names, results, current_stamp(device, dists), info)
     table.write(args.out)
     if args.json:
         print(json.dumps(table.to_dict(), indent=1))
     else:
-        print(f"fp8 MQA logits on {device_name} ({arch}): median ms of {repeat} calls after {warmup} warm-up")
+        print(f"fp8 MQA logits on {device_name} ({arch}): ms per call, median of {repeat} interleaved rounds "
+              f"(each a >= 1 ms batch of back-to-back calls per provider) after {warmup} warm-up calls")
         print(summary(table, names))
         if len(results) < len(shapes):
             print(f"time budget ({args.budget:g} s) reached: {len(shapes) - len(results)} of {len(shapes)} "
