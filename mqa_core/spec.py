@@ -49,6 +49,24 @@ def dtype_pair(dtype: Any) -> Pair | None:
     return (q, k)
 
 
+#: Short spellings a command line accepts: ``e4m3fn``/``e4m3fnuz`` and ``fn``/``fnuz``.
+_SHORT_DTYPES = {d.removeprefix("float8_"): d for d in DTYPES} | {d.removeprefix("float8_e4m3"): d for d in DTYPES}
+
+
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    """``Q`` or ``Q,K`` as typed on a command line: torch's names (``torch.`` prefix optional) or short
+    ones (``e4m3fn``, ``fnuz``). One or two names from :data:`DTYPES`; ValueError naming them otherwise."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (1, 2):
+        raise ValueError(f"{text!r} is not Q or Q,K")
+    names = tuple(_SHORT_DTYPES.get(p.lower().removeprefix("torch."), p.lower().removeprefix("torch."))
+                  for p in parts)
+    for part, name in zip(parts, names):
+        if name not in DTYPES:
+            raise ValueError(f"dtype {part!r} is not one of {', '.join(DTYPES)} (or e4m3fn, e4m3fnuz, fn, fnuz)")
+    return names
+
+
 def format_pairs(pairs: Iterable[Pair]) -> str:
     """``(float8_e4m3fn, float8_e4m3fnuz), ...`` in a stable order."""
     return ", ".join(f"({q}, {k})" for q, k in sorted(pairs))

@@ -328,6 +328,9 @@ def test_pairs_and_their_names() -> None:
     assert declared_pairs(pair_spec, "sm_90") == [("float8_e4m3fnuz", "float8_e4m3fnuz")]
     assert parse_pair("e4m3fn") == ("float8_e4m3fn", "float8_e4m3fn")
     assert parse_pair("torch.float8_e4m3fn, e4m3fnuz") == ("float8_e4m3fn", "float8_e4m3fnuz")
+    assert parse_pair("fnuz,fn") == ("float8_e4m3fnuz", "float8_e4m3fn")  # the CLI's --dtype spellings too
+    with pytest.raises(ValueError, match="is not Q or Q,K"):
+        parse_pair("fn,fn,fn")
     assert pair_id(("float8_e4m3fn", "float8_e4m3fnuz")) == "e4m3fn.e4m3fnuz"
     with pytest.raises(ValueError, match="not one of"):
         parse_pair("bf16")

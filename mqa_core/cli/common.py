@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..spec import DTYPES, OPS, Pair, Problem
+from ..spec import OPS, Pair, Problem, parse_dtypes
 
 if TYPE_CHECKING:
     import torch
@@ -32,16 +32,12 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-_SHORT = {d.removeprefix("float8_"): d for d in DTYPES} | {d.removeprefix("float8_e4m3"): d for d in DTYPES}
-
-
 def dtype_arg(text: str) -> str | Pair:
     """``Q`` (q and k alike) or ``Q,K``; full torch names or short ones (e4m3fn, fnuz)."""
-    parts = [p.strip() for p in text.split(",")]
-    names = [_SHORT.get(p.lower(), p.lower()) for p in parts]
-    if len(names) not in (1, 2) or any(n not in DTYPES for n in names):
-        raise argparse.ArgumentTypeError(f"{text!r} is not Q or Q,K with Q and K from {', '.join(DTYPES)} "
-                                         "(or fn, fnuz)")
+    try:
+        names = parse_dtypes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return names[0] if len(names) == 1 else (names[0], names[1])
 
 

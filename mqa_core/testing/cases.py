@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import DTYPES, Problem, ProviderSpec
+from ..spec import DTYPES, Problem, ProviderSpec, parse_dtypes
 from .data import windows as data_windows
 
 #: (q dtype name, k dtype name), as torch spells them without the prefix.
@@ -180,16 +180,8 @@ def declared_pairs(spec: ProviderSpec, arch: str) -> list[Pair]:
 
 
 def parse_pair(text: str) -> Pair:
-    """``float8_e4m3fn`` or ``e4m3fn`` (q and k alike), or ``Q,K``; names as in :data:`DTYPES`."""
-    names = []
-    for part in text.split(","):
-        name = part.strip().removeprefix("torch.")
-        name = name if name.startswith("float8_") else f"float8_{name}"
-        if name not in DTYPES:
-            raise ValueError(f"dtype {part.strip()!r} is not one of {', '.join(DTYPES)}")
-        names.append(name)
-    if len(names) not in (1, 2):
-        raise ValueError(f"--mqa-dtype takes Q or Q,K; got {text!r}")
+    """``--mqa-dtype``: ``Q`` (q and k alike) or ``Q,K`` (``spec.parse_dtypes``) as a (q, k) pair."""
+    names = parse_dtypes(text)
     return (names[0], names[-1])
 
 
