@@ -39,7 +39,9 @@ tile. On gfx942 (whose MFMA reads fp8 as e4m3fnuz) e4m3fn cache bytes are re-lab
 **Host cost.** The first call of a signature (dtypes, shapes, 16-byte alignments, constexprs)
 compiles through ``triton.jit`` and binds the compiled kernel (``launch.BoundKernel``) with its grid;
 later calls allocate the output and hand ints to Triton's C launcher (TMA descriptors encoded once
-per pool address and size), without Triton's argument binding.
+per pool address and size), without Triton's argument binding. Through mqa-core a call signature is
+built once, by the core: ``prepare`` returns a :class:`PreparedCall` for the core's signature (every
+size fixed), whose calls read five pointers, allocate and launch.
 """
 
 from __future__ import annotations
