@@ -1,7 +1,8 @@
-"""Issue 14 item 2: what the prefill launchers cost the host per call, side by side with DeepGEMM.
+"""Issues 11 and 14: what the launchers cost the host per call, side by side with DeepGEMM.
 
     PYTHONPATH=.deepgemm:providers/gluon:providers/torch_ref:. python bench/h200_launch.py   # H200, < 1 min
     python bench/h200_launch.py --cpu    # here: Triton's host path under the host-only driver
+    python bench/h200_launch.py --paged [--cpu]    # the decode op instead (see "Paged" below)
 
 One shape, the issue's: M=128, N=2048, H=64, D=128, causal, clean_logits=True. Rows (each a call an
 engine or the core could make; all in one process, timed in interleaved rounds):
@@ -24,6 +25,17 @@ launch equals Triton's launch bit for bit, and both match the float64 oracle (ca
 -inf mask). With ``--cpu`` tensors stay on the CPU, kernels are compiled for sm_90 but never run
 (the C launch is a no-op): it measures the Python up to the launch. The table comes last; JSON rows
 go to ``$OUT/h200_launch.json``.
+
+Paged (``--paged``): the decode op on B=32, H=64, D=128, 64-token blocks, contexts up to 4096, for
+next_n in {2, 1} with 2-D and 1-D context lengths, clean_logits=True. Rows, outermost first:
+``api`` (``mqa_core.fp8_paged_mqa_logits`` under ``MQA_PROVIDER=triton``), ``provider``
+(``Provider.fp8_paged_mqa_logits`` of ``get_provider(op="fp8_paged_mqa_logits")`` for triton),
+``kernel object`` (``kernels.TRITON.fp8_paged_mqa_logits``), ``kernel``
+(``fp8_paged_mqa_logits_triton``, its default config), ``deepgemm`` (its whole call, metadata computed
+once) and ``torch.empty``. With ``--cpu`` the op module sees an sm_90 device with 132 SMs and stream
+0, and the core's arch lookup answers sm_90 for the CPU tensors (so the triton provider is chosen
+and validated as on the H200); what ``torch.cuda.current_device()`` and the stream query cost on a GPU
+is therefore not in these figures. JSON rows go to ``$OUT/h200_launch_paged.json``.
 """
 
 from __future__ import annotations
@@ -84,12 +96,126 @@ def check(out: torch.Tensor, ref: torch.Tensor, name: str) -> None:
         raise AssertionError(f"{name}: {verdict.detail}")
 
 
+#: The paged shape class (issue 11's typical decode step) and the cases timed on it.
+PAGED_B, PAGED_H, PAGED_CTX, PAGED_BLOCK = 32, 64, 4096, 64
+PAGED_CASES = ((2, True), (2, False), (1, True), (1, False))  # (next_n, 2-D context_lens)
+
+
+def cpu_paged_stage(stack: ExitStack) -> None:
+    """The paged op's GPU path on CPU tensors: an sm_90 device of 132 SMs, stream 0, no device switch,
+    the host-only driver with a no-op C launch; the core's arch lookup answers sm_90."""
+    import contextlib
+
+    from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+    from mqa_provider_gluon.ops import paged_mqa_logits_triton as pg_op
+
+    import mqa_core.api
+    import mqa_core.arch
+
+    sm90 = lambda device=None: "sm_90"  # noqa: E731
+    pg_op._arch_of = sm90  # type: ignore[assignment]
+    pg_op._device_facts = lambda index: (132, 65536, 233472, 2048)  # type: ignore[assignment]
+    pg_op._stream = lambda index: 0  # type: ignore[assignment]
+    torch.cuda.device = lambda device: contextlib.nullcontext()  # type: ignore[assignment,misc]
+    mqa_core.api.arch_of_device = sm90  # type: ignore[assignment]
+    mqa_core.arch.arch_of_device = sm90  # type: ignore[assignment]
+    stack.enter_context(host_only(HostOnlyDriver(launch=lambda *args: None)))
+
+
+def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[], Any]]:
+    """One zero-argument call per level on one paged input (methods bound once, as an engine would)."""
+    from mqa_provider_gluon import kernels
+    from mqa_provider_gluon.ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
+
+    import mqa_core
+    from mqa_core.testing import make_paged_inputs
+
+    x = make_paged_inputs(PAGED_B, next_n, PAGED_H, D, PAGED_CTX, block_size=PAGED_BLOCK, device=device,
+                          seed=next_n, lens_2d=lens_2d)
+    args, n = x.args(), x.max_context_len
+    arch = "sm_90" if device == "cpu" else None
+    provider = mqa_core.get_provider(arch, op="fp8_paged_mqa_logits", dtype=x.q.dtype)
+    if provider.name != "triton":
+        raise RuntimeError(f"MQA_PROVIDER=triton chose {provider.name}")
+    api_fn, provider_fn = mqa_core.fp8_paged_mqa_logits, provider.fp8_paged_mqa_logits
+    object_fn = kernels.TRITON.fp8_paged_mqa_logits
+    rows: dict[str, Callable[[], Any]] = {
+        "api": lambda: api_fn(*args, clean_logits=True),
+        "provider": lambda: provider_fn(*args, clean_logits=True),
+        "kernel object": lambda: object_fn(*args, clean_logits=True),
+        "kernel": lambda: fp8_paged_mqa_logits_triton(*args, True),
+    }
+    if device != "cpu":
+        try:
+            import deep_gemm
+
+            meta = deep_gemm.get_paged_mqa_logits_metadata(x.context_lens, PAGED_BLOCK, deep_gemm.get_num_sms())
+            rows["deepgemm"] = lambda: deep_gemm.fp8_paged_mqa_logits(x.q, x.kv_cache, x.weights, x.context_lens,
+                                                                       x.block_tables, meta, n, True)
+        except Exception as exc:
+            print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
+    m = PAGED_B * next_n
+    rows["torch.empty"] = lambda: torch.empty((m, n), dtype=torch.float32, device=device)
+    return rows
+
+
+def main_paged(a: argparse.Namespace) -> int:
+    """``--paged``: the decode op's host cost per level; the table comes last."""
+    from mqa_core.bench.host import host_costs
+    from mqa_core.testing.providers import environment
+
+    calls = a.calls or (1000 if a.cpu else 500)
+    stack = ExitStack()
+    if a.cpu:
+        cpu_paged_stage(stack)
+        device, wait = "cpu", lambda: None
+    else:
+        if not torch.cuda.is_available():
+            print("no CUDA device: run with --cpu here")
+            return 2
+        device, wait = "cuda", torch.cuda.synchronize
+    table: dict[str, dict[str, float]] = {}
+    with stack, environment(MQA_PROVIDER="triton"):
+        for next_n, lens_2d in PAGED_CASES:
+            case = f"next_n={next_n} lens {'2-D' if lens_2d else '1-D'}"
+            rows = paged_rows(device, next_n, lens_2d)
+            for fn in rows.values():  # first calls compile and bind
+                fn()
+            costs = host_costs(rows, wait, calls=calls, rounds=a.rounds, warmup=20)
+            table[case] = {name: cost.median for name, cost in costs.items()}
+    import triton
+    from mqa_provider_gluon.launch import direct_launch_unsupported
+
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "host": platform.node(), "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton.__version__, "mode": "cpu host-only" if a.cpu else "cuda",
+            "direct": direct_launch_unsupported() or "on",
+            "device": torch.cuda.get_device_name() if not a.cpu else platform.processor() or "cpu",
+            "b": PAGED_B, "h": PAGED_H, "d": D, "context": PAGED_CTX, "block": PAGED_BLOCK,
+            "calls": calls, "rounds": a.rounds}
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "h200_launch_paged.json"), "w") as f:
+            json.dump({"meta": meta, "host_us": table}, f, indent=1)
+    names = list(next(iter(table.values())))
+    print(f"\n{meta['date']}  {meta['device']} ({meta['mode']})  torch {meta['torch']}  triton {meta['triton']}  "
+          f"paged B={PAGED_B} H={PAGED_H} D={D} context {PAGED_CTX} block {PAGED_BLOCK} clean  "
+          f"({calls} calls x {a.rounds} rounds, median host us/call; direct launches {meta['direct']})")
+    print(f"{'case':<20}" + "".join(f"{n:>15}" for n in names))
+    for case, row in table.items():
+        print(f"{case:<20}" + "".join(f"{row[n]:>15.1f}" for n in names))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="host-only driver on this machine (no GPU)")
     ap.add_argument("--calls", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--paged", action="store_true", help="the decode op's levels instead of prefill's launchers")
     a = ap.parse_args()
+    if a.paged:
+        return main_paged(a)
     from mqa_provider_gluon import kernels
     from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as gl_op
     from mqa_provider_gluon.ops import mqa_logits_triton as tr_op

@@ -106,17 +106,20 @@ def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "
     table = s.paged_calls
     key, hit = paged_recall(table, q, kv_cache, weights, context_lens, block_tables, max_context_len,
                             clean_logits)
-    if hit is None:
-        problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                clean_logits, full=s.settings.validate_full)
-        name = dtype_name(q.dtype)
-        provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits", (name, name),
-                                         problem, s=s)
-        remember(table, key, (problem, provider))
-    else:
-        problem, provider = hit
-    return provider.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
-                                         max_context_len, clean_logits)
+    if hit is not None:  # (problem, provider, the provider's call prepared for the signature or None)
+        return hit[1].run_paged_mqa_logits(hit[0], q, kv_cache, weights, context_lens, block_tables,
+                                           max_context_len, clean_logits, hit[2])
+    problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                            clean_logits, full=s.settings.validate_full)
+    name = dtype_name(q.dtype)
+    provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits", (name, name),
+                                     problem, s=s)
+    out = provider.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
+                                        max_context_len, clean_logits)
+    if key is not None:  # the first call of a signature has run: later ones may take the prepared call
+        remember(table, key, (problem, provider, provider.prepare_paged(
+            q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)))
+    return out
 
 
 def reload() -> None:

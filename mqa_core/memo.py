@@ -63,20 +63,22 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
 def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
                  block_tables: Any, max_context_len: Any, clean_logits: Any) -> tuple[Signature | None, V | None]:
     """As :func:`mqa_recall`, for the paged op (``max_context_len`` is the problem's N, so it is part of
-    the signature; the cache's start address modulo 4 too, since the checks require its float32 scales
-    aligned)."""
+    the signature). Each tensor's start address modulo 16 is part of it too: the checks require the
+    cache's float32 scales 4-byte aligned, and compiled kernels specialise on 16-byte alignment, so a
+    provider's prepared call (:meth:`mqa_core.Provider.prepare_paged`) may rely on every residue."""
     if table is None:
         return None, None
     try:
         key = (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
-               type(q), q.shape, q.stride(), q.dtype, q.device,
+               type(q), q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
                type(kv_cache), kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
-               kv_cache.data_ptr() & 3,
+               kv_cache.data_ptr() & 15,
                type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
+               weights.data_ptr() & 15,
                type(context_lens), context_lens.shape, context_lens.stride(), context_lens.dtype,
-               context_lens.device,
+               context_lens.device, context_lens.data_ptr() & 15,
                type(block_tables), block_tables.shape, block_tables.stride(), block_tables.dtype,
-               block_tables.device)
+               block_tables.device, block_tables.data_ptr() & 15)
     except Exception:
         return None, None
     return key, table.get(key)

@@ -9,6 +9,7 @@ named instead of passed on.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import validate
@@ -18,6 +19,10 @@ from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
     import torch
+
+#: A kernel object's paged call prepared for one call signature: (q, kv_cache, weights, context_lens,
+#: block_tables) -> logits.
+PagedCall = Callable[..., Any]
 
 
 def load_object(path: str) -> Any:
@@ -45,10 +50,12 @@ class Provider:
         self.impl = impl
         self._validate_full = validate_full
         self._result = result
-        # Signature -> problem, for the signatures this provider's checks have passed (mqa_core.memo);
-        # None under MQA_VALIDATE=full. The registry makes a new provider for each state.
+        # Signature -> problem, for the signatures this provider's checks have passed (mqa_core.memo),
+        # and for the paged op the kernel's prepared call too; None under MQA_VALIDATE=full. The
+        # registry makes a new provider for each state.
         self._passed_mqa: dict[Signature, Problem] | None = None if validate_full else {}
-        self._passed_paged: dict[Signature, Problem] | None = None if validate_full else {}
+        self._passed_paged: dict[Signature, tuple[Problem, PagedCall | None]] | None = (
+            None if validate_full else {})
 
     @property
     def name(self) -> str:
@@ -109,24 +116,46 @@ class Provider:
                              clean_logits: bool = True) -> "torch.Tensor":
         """The decode variant over a paged fp8 cache (DeepGEMM's block layout)."""
         table = self._passed_paged
-        key, problem = paged_recall(table, q, kv_cache, weights, context_lens, block_tables,
-                                      max_context_len, clean_logits)
-        if problem is None:
-            self._require("fp8_paged_mqa_logits")
-            problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                    clean_logits, spec=self.spec, full=self._validate_full)
-            remember(table, key, problem)
-        return self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
-                                         max_context_len, clean_logits)
+        key, hit = paged_recall(table, q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                clean_logits)
+        if hit is not None:
+            return self.run_paged_mqa_logits(hit[0], q, kv_cache, weights, context_lens, block_tables,
+                                             max_context_len, clean_logits, hit[1])
+        self._require("fp8_paged_mqa_logits")
+        problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                clean_logits, spec=self.spec, full=self._validate_full)
+        out = self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
+                                        max_context_len, clean_logits)
+        if key is not None:
+            remember(table, key, (problem, self.prepare_paged(q, kv_cache, weights, context_lens,
+                                                              block_tables, max_context_len, clean_logits)))
+        return out
+
+    def prepare_paged(self, q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
+                      context_lens: "torch.Tensor", block_tables: "torch.Tensor", max_context_len: int,
+                      clean_logits: bool) -> PagedCall | None:
+        """The kernel object's call prepared for this call's signature (``mqa_core.memo``), asked once
+        the signature has passed the checks and run: ``impl.prepare_fp8_paged_mqa_logits(...)`` where
+        the kernel object has one, else None. Later calls with the same signature hand it the five
+        tensors instead of calling ``impl.fp8_paged_mqa_logits`` (its result checked all the same)."""
+        prepare = getattr(self.impl, "prepare_fp8_paged_mqa_logits", None)
+        if prepare is None:
+            return None
+        return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                       clean_logits=clean_logits)
 
     def run_paged_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv_cache: "torch.Tensor",
                              weights: "torch.Tensor", context_lens: "torch.Tensor",
                              block_tables: "torch.Tensor", max_context_len: int,
-                             clean_logits: bool) -> "torch.Tensor":
-        """As :meth:`run_mqa_logits`, for the paged op."""
+                             clean_logits: bool, prepared: PagedCall | None = None) -> "torch.Tensor":
+        """As :meth:`run_mqa_logits`, for the paged op; through ``prepared`` (what
+        :meth:`prepare_paged` returned for this call's signature) when there is one."""
         try:
-            out = self.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                                 max_context_len, clean_logits=clean_logits)
+            if prepared is None:
+                out = self.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
+                                                     max_context_len, clean_logits=clean_logits)
+            else:
+                out = prepared(q, kv_cache, weights, context_lens, block_tables)
         except SystemExit as exc:
             raise self._exited("fp8_paged_mqa_logits", exc) from exc
         self._result.check_logits(out, self.spec, "fp8_paged_mqa_logits", problem.m, problem.n, q.device)

@@ -214,9 +214,23 @@ def _misaligned(cache: torch.Tensor) -> torch.Tensor:
     return out.copy_(cache)
 
 
+def _moved(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """A copy of ``t`` whose start address is ``nbytes`` past a 64-byte aligned one (a residue modulo
+    16 that the checks accept and compiled kernels specialise on)."""
+    step = nbytes // t.element_size()
+    buf = torch.empty(t.numel() + step, dtype=t.dtype)
+    assert buf.data_ptr() % 64 == 0
+    return buf[step:].view(t.shape).copy_(t)
+
+
 PAGED_VARIANTS = {
     "cache rows padded": lambda y: {"kv_cache": _padded_rows(y.kv_cache)},
     "cache start misaligned": lambda y: {"kv_cache": _misaligned(y.kv_cache)},
+    "cache start 8 bytes on": lambda y: {"kv_cache": _moved(y.kv_cache, 8)},
+    "q start 8 bytes on": lambda y: {"q": _moved(y.q, 8)},
+    "weights start 4 bytes on": lambda y: {"weights": _moved(y.weights, 4)},
+    "lens start 4 bytes on": lambda y: {"context_lens": _moved(y.context_lens, 4)},
+    "tables start 12 bytes on": lambda y: {"block_tables": _moved(y.block_tables, 12)},
     "lens 2-D": lambda y: {"context_lens": y.context_lens[:, None].expand(2, 2).contiguous()},
     "lens int64": lambda y: {"context_lens": y.context_lens.long()},
     "tables strided": lambda y: {"block_tables": _strided(y.block_tables)},
@@ -246,13 +260,56 @@ def test_paged_signature_that_differs_is_judged_afresh_with_the_same_result(y, c
 
 def test_paged_problems_carry_next_n_and_block_size(y):
     mqa_core.fp8_paged_mqa_logits(*y.args())
-    (problem, provider), = registry.state().paged_calls.values()
+    (problem, provider, prepared), = registry.state().paged_calls.values()
     assert problem == Problem(4, 100, 4, 64, next_n=2, block_size=16) and provider.name == "torch_ref"
+    assert prepared is None  # torch_ref's kernel object prepares nothing: its method serves every call
     p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
     p.fp8_paged_mqa_logits(*y.args())
-    assert list(p._passed_paged.values()) == [problem]
+    assert list(p._passed_paged.values()) == [(problem, None)]
     assert str(problem) == "M=4,N=100,H=4,D=64,next_n=2,block_size=16"
     assert key_of("fp8_paged_mqa_logits", problem)[-1] == 2
+
+
+class Preparing:
+    """A kernel object that prepares a call per signature (what the Triton provider's does), counting
+    what it prepares and serves; ``wrong`` makes the prepared call return a transposed result."""
+
+    def __init__(self, inner, wrong: bool = False) -> None:
+        self.inner, self.wrong, self.prepared, self.served = inner, wrong, [], 0
+
+    def fp8_mqa_logits(self, *a, **k):
+        return self.inner.fp8_mqa_logits(*a, **k)
+
+    def fp8_paged_mqa_logits(self, *a, **k):
+        return self.inner.fp8_paged_mqa_logits(*a, **k)
+
+    def prepare_fp8_paged_mqa_logits(self, q, kv_cache, weights, lens, tables, n, *, clean_logits):
+        self.prepared.append((tuple(q.shape), n, clean_logits))
+
+        def call(q, kv_cache, weights, lens, tables):
+            self.served += 1
+            out = self.inner.fp8_paged_mqa_logits(q, kv_cache, weights, lens, tables, n, clean_logits=clean_logits)
+            return out.t() if self.wrong else out
+        return call
+
+
+@pytest.mark.parametrize("level", ["api", "provider"])
+def test_a_prepared_paged_call_serves_the_later_calls_of_its_signature(y, checks, monkeypatch, level):
+    """The kernel object is asked once per signature, after its first call passed and ran; the later
+    calls of that signature go to the prepared call, and its result is checked like any other."""
+    p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
+    kernel = Preparing(p.impl)
+    monkeypatch.setattr(p, "impl", kernel)
+    fn = mqa_core.fp8_paged_mqa_logits if level == "api" else p.fp8_paged_mqa_logits
+    outs = [fn(*y.args()) for _ in range(3)]
+    assert kernel.prepared == [((2, 2, 4, 64), 100, True)] and kernel.served == 2 and checks["paged"] == 1
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    other = make_paged_inputs(3, 2, 4, 64, 100, block_size=16, seed=6)  # another B: another signature
+    fn(*other.args())
+    assert len(kernel.prepared) == 2 and kernel.served == 2 and checks["paged"] == 2
+    kernel.wrong = True
+    with pytest.raises(mqa_core.ProviderResultError, match=r"shape \[100, 4\] \(expected \[4, 100\]\)"):
+        fn(*y.args())
 
 
 def test_problem_refuses_bad_next_n_and_block_size():

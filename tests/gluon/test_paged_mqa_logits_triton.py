@@ -235,6 +235,87 @@ def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(mon
     assert cached == ([launch] if direct else []) and len(op._LAUNCHES) == int(direct)
 
 
+@pytest.fixture
+def sm90_host(monkeypatch):
+    """The GPU path on CPU tensors (see the test above): an sm_90 device, Triton's host path up to a
+    recording C launcher, empty launch caches."""
+    import contextlib
+
+    from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+
+    monkeypatch.setattr(op, "_arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(op, "_device_facts", lambda index: (132, 65536, 233472, 2048))
+    monkeypatch.setattr(op, "_stream", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(op, "_LAUNCHES", {})
+    monkeypatch.setattr(op, "_GRIDS", {})
+    op._default_for.cache_clear()  # defaults follow _arch_of, cached per device
+    with host_only(HostOnlyDriver()) as drv:
+        yield drv
+    op._default_for.cache_clear()
+
+
+def _marked(launch, outs):
+    """A recorded launch with each output's address replaced by a marker (outputs are new per call)."""
+    ptrs = {o.data_ptr() for o in outs}
+    return tuple("out" if isinstance(a, int) and a in ptrs else a for a in launch)
+
+
+@pytest.mark.parametrize("next_n,lens_2d", [(2, True), (1, False)])  # the defaults: "pipe", "tma"
+def test_prepared_call_hands_the_launcher_what_the_other_paths_do(sm90_host, next_n, lens_2d):
+    """Three calls of one signature: Triton's launch (the first, which binds), the bound launch of the
+    kernel signature, and the call prepared for the full signature: the C launcher receives the same
+    grid, stream, kernel and arguments from each (the outputs' addresses aside), TMA descriptor too."""
+    from mqa_provider_gluon.launch import direct_launch_unsupported
+
+    drv = sm90_host
+    inp = make_paged_inputs(3, next_n, 64, 128, 300, block_size=64, lens_2d=lens_2d, seed=21)
+    outs = [op.fp8_paged_mqa_logits_triton(*inp.args()) for _ in range(2)]
+    prepared = op.prepare(*inp.args())
+    if direct_launch_unsupported() is not None:  # only the grid is kept: nothing to prepare
+        assert prepared is None and not op._LAUNCHES
+        return
+    assert prepared is not None and prepared.launch.tma == (next_n == 1)
+    outs.append(prepared(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables))
+    assert all(o.shape == outs[0].shape and o.stride() == outs[0].stride() for o in outs)
+    slow, bound, fast = (_marked(launch, outs) for launch in drv.launches)
+    assert fast == bound and fast[:5] == slow[:5] and len(fast) == len(slow)
+    assert fast == slow, "the bound launch passes what Triton's launcher passes"
+
+
+def test_prepared_call_yields_to_hooks_the_interpreter_and_what_is_not_bound(sm90_host, monkeypatch):
+    """With a launch hook set, the prepared call launches through Triton's own path (which hands the
+    hook every launch), not the bound launcher; under the interpreter, or for a signature never
+    bound (a config asked for explicitly, a moved pool start), there is nothing to prepare."""
+    from mqa_provider_gluon.launch import direct_launch_unsupported
+    from triton import knobs
+
+    if direct_launch_unsupported() is not None:
+        pytest.skip(direct_launch_unsupported())
+    drv = sm90_host  # H = 32: a kernel no other test compiles (Triton keeps the recorder it was built with)
+    inp = make_paged_inputs(2, 2, 32, 128, 200, block_size=64, lens_2d=True, seed=22)
+    op.fp8_paged_mqa_logits_triton(*inp.args())
+    prepared = op.prepare(*inp.args())
+    assert prepared is not None
+    assert op.prepare(*inp.args(), config=VARIANTS["rows"]) is None
+    moved = torch.empty(inp.kv_cache.numel() + 16, dtype=torch.uint8)[4:4 + inp.kv_cache.numel()]
+    assert op.prepare(inp.q, moved.view(inp.kv_cache.shape).copy_(inp.kv_cache), *inp.args()[2:]) is None
+    direct = []
+    real_launch_on = op._launch_on
+    monkeypatch.setattr(op, "_launch_on", lambda *a: direct.append(a) or real_launch_on(*a))
+    prepared(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables)
+    assert len(direct) == 1 and len(drv.launches) == 2
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:  # Triton's launcher hands the hook to the C launch (here the recorder, which drops it)
+        prepared(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(direct) == 1 and len(drv.launches) == 3 and drv.launches[2][:5] == drv.launches[1][:5]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert op.prepare(*inp.args()) is None
+
+
 def test_signature_tells_apart_what_triton_specialises_on():
     inp = make_paged_inputs(2, 1, 16, 64, 64, seed=15)
     cfg = PagedConfig()

@@ -58,6 +58,15 @@ class MqaKernels:
                              clean_logits: bool = True) -> torch.Tensor:
         return paged_launcher()(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
 
+    def prepare_fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                                     context_lens: torch.Tensor, block_tables: torch.Tensor,
+                                     max_context_len: int, *, clean_logits: bool = True) -> Launcher | None:
+        """mqa-core's optional per-signature call (docs/writing-a-provider.md): the Triton launch with
+        everything the signature fixes worked out once, or None where calls take the full path."""
+        from .ops.paged_mqa_logits_triton import prepare
+
+        return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+
 
 GLUON = MqaKernels(use_gluon=True)
 TRITON = MqaKernels(use_gluon=False)

@@ -39,7 +39,9 @@ tile. On gfx942 (whose MFMA reads fp8 as e4m3fnuz) e4m3fn cache bytes are re-lab
 **Host cost.** The first call of a signature (dtypes, shapes, 16-byte alignments, constexprs)
 compiles through ``triton.jit`` and binds the compiled kernel (``launch.BoundKernel``) with its grid;
 later calls allocate the output and hand ints to Triton's C launcher (TMA descriptors encoded once
-per pool address and size), without Triton's argument binding.
+per pool address and size), without Triton's argument binding. Through mqa-core a call signature is
+built once, by the core: ``prepare`` returns a :class:`PreparedCall` for the core's signature (every
+size fixed), whose calls read five pointers, allocate and launch.
 """
 
 from __future__ import annotations
@@ -58,8 +60,8 @@ from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
 from ..launch import bind, direct_launch_unsupported, hooks_active
 from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 3.6, shared
 
-__all__ = ["PagedConfig", "VARIANTS", "compile_for", "default_config", "fp8_paged_mqa_logits_triton",
-           "kernel", "resident_programs"]
+__all__ = ["PagedConfig", "PreparedCall", "VARIANTS", "compile_for", "default_config",
+           "fp8_paged_mqa_logits_triton", "kernel", "prepare", "resident_programs"]
 
 #: Output rows are padded to this many floats, so each row starts 64-byte aligned.
 _ROW_ALIGN = 16
@@ -637,9 +639,11 @@ _LAUNCH_LOCK = threading.Lock()
 
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
-               tables: torch.Tensor, clean: bool, cfg: PagedConfig) -> tuple[Any, ...]:
+               tables: torch.Tensor, clean: bool, cfg: PagedConfig | None) -> tuple[Any, ...]:
     """Everything the compiled kernel and the grid depend on: dtypes, the constexpr sizes, the exact
-    strides and the 16-byte alignment of every pointer (what Triton specialises on)."""
+    strides and the 16-byte alignment of every pointer (what Triton specialises on), and the variant
+    asked for (None: the default one, itself a function of the device and the sizes here, so the
+    common call hashes no config)."""
     return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(),
             weights.stride(), lens.stride(), tables.stride(), clean, cfg, q.data_ptr() % 16 == 0,
             kv_cache.data_ptr() % 16, weights.data_ptr() % 16 == 0, lens.data_ptr() % 16 == 0,
@@ -674,32 +678,103 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
          lens: torch.Tensor, tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
     """The hot path: allocate the output, hand the arguments to the bound launcher (no argument
     binding; pointers as ints, the TMA descriptor encoded once per pool address and size)."""
-    out = _new_output(q.shape[0] * q.shape[1], max_context_len, q.device)
-    if out.numel() == 0:
+    b, next_n = q.shape[:2]
+    num_blocks, block_size = kv_cache.shape[:2]
+    out = _new_output(b * next_n, max_context_len, q.device)
+    if not b or not max_context_len:  # next_n > 0: an empty output never reaches _prepare
         return out
-    if kv_cache.shape[0] == 0:  # no block to read: every position is an out-of-range id
+    if not num_blocks:  # no block to read: every position is an out-of-range id
         return out.fill_(float("-inf"))
     kv_ptr = kv_cache.data_ptr()
     if launch.tma:  # everything else the descriptor depends on is part of the call signature
-        desc = launch.bound.descriptor((0, kv_ptr, kv_cache.shape[0]), lambda: _kv_descriptor(
-            kv_cache, q.dtype, _Shape(*q.shape[1:], kv_cache.shape[1], launch.tile)))
+        desc = launch.bound.descriptor((0, kv_ptr, num_blocks), lambda: _kv_descriptor(
+            kv_cache, q.dtype, _Shape(*q.shape[1:], block_size, launch.tile)))
     else:
         desc = (None,)
     args = (q.data_ptr(), kv_ptr, *desc, weights.data_ptr(), lens.data_ptr(), tables.data_ptr(),
-            out.data_ptr(), q.shape[0], max_context_len,
-            min(max_context_len, tables.shape[1] * kv_cache.shape[1]), kv_cache.shape[0], launch.programs,
-            *launch.strides, out.stride(0), *launch.constexprs)
-    index = q.device.index
-    if index is None or torch.cuda.current_device() == index:
-        launch.bound(launch.programs, 1, 1, _stream(index), args)
+            out.data_ptr(), b, max_context_len, min(max_context_len, tables.shape[1] * block_size),
+            num_blocks, launch.programs, *launch.strides, out.stride(0), *launch.constexprs)
+    _launch_on(launch.bound, launch.programs, q.device.index, args)
+    return out
+
+
+def _launch_on(bound: Any, programs: int, index: int | None, args: tuple[Any, ...]) -> None:
+    """Launch on device ``index``'s current stream, switching to that device only when it is not the
+    current one. (A device that holds tensors has CUDA initialised: ``torch._C._cuda_getDevice`` is
+    ``torch.cuda.current_device`` without its lazy-init check.)"""
+    if index is None or torch._C._cuda_getDevice() == index:
+        bound(programs, 1, 1, _stream(index), args)
     else:
         with torch.cuda.device(index):
-            launch.bound(launch.programs, 1, 1, _stream(index), args)
-    return out
+            bound(programs, 1, 1, _stream(index), args)
 
 
 def _stream(index: int | None) -> int:
     return torch._C._cuda_getCurrentRawStream(index)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """The launch of one full call signature, with everything that signature fixes worked out once.
+
+    Valid for any call whose tensors have the types, shapes, strides, dtypes and device, and whose
+    start addresses have the residues modulo 16, of the call it was prepared from, with the same
+    ``max_context_len`` and ``clean_logits`` (``mqa_core.memo``'s paged signature, which is a
+    superset of :func:`_signature`). Per call it reads five pointers, allocates the output and
+    launches; with the interpreter on or a Triton launch hook set it takes the full path instead
+    (which hands the hook the launch), as :func:`fp8_paged_mqa_logits_triton` would.
+    """
+
+    launch: _Launch
+    #: The output's size and row stride (rows padded to 16 floats).
+    size: tuple[int, int]
+    row: int
+    num_blocks: int
+    index: int | None
+    #: The kernel's arguments after the output pointer (B ... the constexprs), in parameter order.
+    tail: tuple[Any, ...]
+    shape: _Shape
+    max_context_len: int
+    clean_logits: bool
+
+    def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                 context_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        if triton.knobs.runtime.interpret or hooks_active():
+            return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables,
+                                               self.max_context_len, self.clean_logits)
+        out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=q.device)
+        launch = self.launch
+        kv_ptr = kv_cache.data_ptr()
+        if launch.tma:
+            desc = launch.bound.descriptor((0, kv_ptr, self.num_blocks), lambda: _kv_descriptor(
+                kv_cache, q.dtype, self.shape))
+        else:
+            desc = (None,)
+        _launch_on(launch.bound, launch.programs, self.index,
+                   (q.data_ptr(), kv_ptr, *desc, weights.data_ptr(), context_lens.data_ptr(),
+                    block_tables.data_ptr(), out.data_ptr(), *self.tail))
+        return out
+
+
+def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+            block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True, *,
+            config: PagedConfig | None = None) -> PreparedCall | None:
+    """The :class:`PreparedCall` for calls like this one, once a call of its kernel signature has
+    bound a launch; None where such calls do not take the bound launch (the interpreter, a Triton
+    without direct launches, gfx942's converted q, inputs that need a copy, an empty output or pool).
+    Arguments as for :func:`fp8_paged_mqa_logits_triton`, already checked by it on an earlier call."""
+    if triton.knobs.runtime.interpret:
+        return None
+    launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config))
+    b, next_n, h, d = q.shape
+    num_blocks, block_size = kv_cache.shape[:2]
+    if launch is None or not (b and max_context_len and num_blocks):
+        return None
+    row = -(-max_context_len // _ROW_ALIGN) * _ROW_ALIGN  # as _new_output
+    covered = min(max_context_len, block_tables.shape[1] * block_size)
+    tail = (b, max_context_len, covered, num_blocks, launch.programs, *launch.strides, row, *launch.constexprs)
+    return PreparedCall(launch, (b * next_n, max_context_len), row, num_blocks, q.device.index, tail,
+                        _Shape(next_n, h, d, block_size, launch.tile), max_context_len, clean_logits)
 
 
 def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> None:
@@ -777,22 +852,21 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
     op's contract (``mqa_core.validate``); the result is a view of rows padded to 16 floats.
     No host synchronisation: safe to capture in a CUDA graph.
     """
+    interpret = bool(triton.knobs.runtime.interpret)
+    if not interpret:  # a known signature has unit inner strides: the copies below are not needed
+        launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, clean_logits,
+                                          config))
+        if launch is not None and not hooks_active():
+            return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
     if q.stride(3) != 1:  # the kernel reads D contiguously; q, weights and tables are small
         q = q.contiguous()
     if weights.stride(1) != 1:
         weights = weights.contiguous()
     if block_tables.stride(1) != 1:
         block_tables = block_tables.contiguous()
-    interpret = bool(triton.knobs.runtime.interpret)
-    if not interpret:
-        cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
-        key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, cfg)
-        launch = _LAUNCHES.get(key)
-        if launch is not None and not hooks_active():
-            return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
-    else:
-        cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
-        key = ()
+    cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
+    key = () if interpret else _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits,
+                                          config)
     return _launch_slow(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
                         cfg, key, interpret)
 
