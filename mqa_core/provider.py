@@ -9,6 +9,7 @@ named instead of passed on.
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -141,8 +142,20 @@ class Provider:
         prepare = getattr(self.impl, "prepare_fp8_paged_mqa_logits", None)
         if prepare is None:
             return None
-        return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                       clean_logits=clean_logits)
+        try:
+            prepared = prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                               clean_logits=clean_logits)
+        except (Exception, SystemExit) as exc:  # optional: a failure costs the shortcut, not the call
+            warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): "
+                          f"prepare_fp8_paged_mqa_logits raised {type(exc).__name__}: {exc}; its calls "
+                          "take fp8_paged_mqa_logits", RuntimeWarning, stacklevel=2)
+            return None
+        if prepared is not None and not callable(prepared):
+            warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): "
+                          f"prepare_fp8_paged_mqa_logits returned {type(prepared).__name__}, not a callable "
+                          "or None; its calls take fp8_paged_mqa_logits", RuntimeWarning, stacklevel=2)
+            return None
+        return prepared
 
     def run_paged_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv_cache: "torch.Tensor",
                              weights: "torch.Tensor", context_lens: "torch.Tensor",

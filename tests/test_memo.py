@@ -312,6 +312,31 @@ def test_a_prepared_paged_call_serves_the_later_calls_of_its_signature(y, checks
         fn(*y.args())
 
 
+@pytest.mark.parametrize("broken", ["raises", "exits", "not callable"])
+def test_a_broken_prepare_costs_the_shortcut_not_the_call(y, monkeypatch, broken):
+    """prepare_fp8_paged_mqa_logits is optional: when it raises (SystemExit too) or hands back
+    something that cannot be called, the call still returns the kernel's result, a warning names the
+    provider, and later calls of the signature take fp8_paged_mqa_logits."""
+    p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
+    kernel = Preparing(p.impl)
+
+    def prepare(*a, **k):
+        if broken == "raises":
+            raise RuntimeError("no launch bound")
+        if broken == "exits":
+            raise SystemExit(3)
+        return 42
+
+    monkeypatch.setattr(kernel, "prepare_fp8_paged_mqa_logits", prepare)
+    monkeypatch.setattr(p, "impl", kernel)
+    expected = p.impl.inner.fp8_paged_mqa_logits(*y.args()[:6], clean_logits=True)
+    with pytest.warns(RuntimeWarning, match=r"provider torch_ref .*prepare_fp8_paged_mqa_logits"):
+        first = p.fp8_paged_mqa_logits(*y.args())
+    assert torch.equal(first, expected)
+    assert list(p._passed_paged.values())[0][1] is None
+    assert torch.equal(p.fp8_paged_mqa_logits(*y.args()), expected) and kernel.served == 0
+
+
 def test_problem_refuses_bad_next_n_and_block_size():
     for k, v in (("next_n", 0), ("block_size", -1), ("next_n", True), ("block_size", 1.5)):
         with pytest.raises(ValueError, match=f"Problem.{k} must be a positive int or None"):
