@@ -4,7 +4,7 @@
 # after another, each under its own time limit so a slow one cannot starve the rest. Everything
 # lands in $OUT/results.tgz; the tables are printed last (the device tool returns the output's end).
 # DeepGEMM must be importable (PYTHONPATH); without it the scripts say so and leave its columns out.
-# Usage (repo root): bash bench/h200_round.sh   (limits: T_PYTEST T_CHECK T_ENGINE T_DECODE T_VARIANTS T_TUNED)
+# Usage (repo root): bash bench/h200_round.sh   (limits: T_PYTEST T_CHECK T_ENGINE T_LAUNCH T_DECODE T_VARIANTS T_TUNED)
 set -u
 FINAL_OUT=${OUT:-/tmp/out}; RUN=$(mktemp -d); export OUT=$RUN PYTHONUNBUFFERED=1
 mkdir -p "$FINAL_OUT"
@@ -26,6 +26,9 @@ wait $check_pid; echo "check rc=$?" >>"$RUN/rc.txt"
 stamp "engine preset and host cost"
 timeout "${T_ENGINE:-95}" python bench/h200_engine.py --budget 65 --commit "$COMMIT" >"$RUN/engine.log" 2>&1
 echo "engine rc=$?" >>"$RUN/rc.txt"
+stamp "host cost per call, launchers and levels, beside DeepGEMM"
+timeout "${T_LAUNCH:-60}" sh -c 'python bench/h200_launch.py && python bench/h200_launch.py --paged' >"$RUN/launch.log" 2>&1
+echo "launch rc=$?" >>"$RUN/rc.txt"
 stamp "paged decode against DeepGEMM"
 timeout "${T_DECODE:-110}" python bench/h200_decode_vs_deepgemm.py --budget 70 --deadline 100 >"$RUN/decode.log" 2>&1
 echo "decode rc=$?" >>"$RUN/rc.txt"
@@ -44,6 +47,7 @@ echo "===== pytest ($(grep -c " PASSED" "$RUN/pytest.log") passed as they ran)"
 grep -E " (FAILED|ERROR)|^(FAILED|ERROR)|[0-9]+ passed|[0-9]+ failed" "$RUN/pytest.log" | sort -u | tail -n 14
 echo "===== check"; tail -n 8 "$RUN/check.log"
 echo "===== engine"; tail -n 26 "$RUN/engine.log"
+echo "===== launch"; tail -n 40 "$RUN/launch.log"
 echo "===== decode"; tail -n 30 "$RUN/decode.log"
 echo "===== variants"; tail -n 24 "$RUN/variants.log"
 echo "===== tuned"; tail -n 16 "$RUN/tuned.log"
