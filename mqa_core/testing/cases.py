@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import DTYPES, Problem, ProviderSpec, parse_dtypes
+from ..spec import Problem, ProviderSpec, parse_dtypes
 from .data import windows as data_windows
 
 #: (q dtype name, k dtype name), as torch spells them without the prefix.
