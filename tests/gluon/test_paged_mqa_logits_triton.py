@@ -187,57 +187,9 @@ def test_cached_launch_passes_the_arguments_the_kernel_declares(interpret, monke
     check(out, inp.reference(), True)
 
 
-def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(monkeypatch):
-    """The GPU path on the CPU: Triton's host path up to the C launcher (the host-only driver, sm_90
-    answers; the kernel compiles for real). Triton's hook chains are truthy even when empty, so the
-    launcher must ask whether one holds a hook: with none, the first call caches its launch under the
-    variant it was built for and the next call takes it; with a hook, calls go through Triton's own
-    launch path (which hands the hook every launch). Where direct launches are unsupported (a triton
-    other than the one they were written for), only the grid is kept and every call takes Triton's
-    path: the same kernel and grid each time, nothing bound."""
-    import contextlib
-
-    from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
-    from mqa_provider_gluon.launch import direct_launch_unsupported
-    from triton import knobs
-
-    monkeypatch.setattr(op, "_arch_of", lambda device: "sm_90")
-    monkeypatch.setattr(op, "_device_facts", lambda index: (132, 65536, 233472, 2048))
-    monkeypatch.setattr(op, "_stream", lambda device: 0)
-    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(op, "_LAUNCHES", {})
-    monkeypatch.setattr(op, "_GRIDS", {})
-    direct = direct_launch_unsupported() is None
-    cached = []
-    real_run = op._run
-    monkeypatch.setattr(op, "_run", lambda *a: cached.append(a[0]) or real_run(*a))
-    assert bool(knobs.runtime.launch_enter_hook) and not op.hooks_active()  # empty, yet truthy
-    inp = make_paged_inputs(3, 2, 64, 128, 300, block_size=64, lens_2d=True, seed=17)
-    cfg = VARIANTS["rows"]
-    with host_only(HostOnlyDriver()) as drv:
-        outs = [op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg) for _ in range(2)]
-        if direct:
-            (launch,) = op._LAUNCHES.values()
-            assert launch.config == cfg and cached == [launch] and not op._GRIDS
-        else:
-            (programs,) = op._GRIDS.values()
-            assert programs > 0 and not cached and not op._LAUNCHES
-        assert len(drv.launches) == 2
-        first, second = drv.launches
-        assert first[:5] == second[:5] and len(first) == len(second)  # grid, stream, the same kernel
-        hook = lambda metadata: None  # noqa: E731
-        knobs.runtime.launch_enter_hook.add(hook)
-        try:
-            outs.append(op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg))
-        finally:
-            knobs.runtime.launch_enter_hook.remove(hook)
-    assert len(drv.launches) == 3 and drv.launches[2][:5] == first[:5]
-    assert cached == ([launch] if direct else []) and len(op._LAUNCHES) == int(direct)
-
-
 @pytest.fixture
 def sm90_host(monkeypatch):
-    """The GPU path on CPU tensors (see the test above): an sm_90 device, Triton's host path up to a
+    """The GPU path on CPU tensors (see the test below): an sm_90 device, Triton's host path up to a
     recording C launcher, empty launch caches."""
     import contextlib
 
@@ -253,6 +205,46 @@ def sm90_host(monkeypatch):
     with host_only(HostOnlyDriver()) as drv:
         yield drv
     op._default_for.cache_clear()
+
+
+def test_compiled_path_caches_one_launch_per_signature_unless_a_hook_listens(sm90_host, monkeypatch):
+    """The GPU path on the CPU: Triton's host path up to the C launcher (the host-only driver, sm_90
+    answers; the kernel compiles for real). Triton's hook chains are truthy even when empty, so the
+    launcher must ask whether one holds a hook: with none, the first call caches its launch under the
+    variant it was built for and the next call takes it; with a hook, calls go through Triton's own
+    launch path (which hands the hook every launch). Where direct launches are unsupported (a triton
+    other than the one they were written for), only the grid is kept and every call takes Triton's
+    path: the same kernel and grid each time, nothing bound."""
+    from mqa_provider_gluon.launch import direct_launch_unsupported
+    from triton import knobs
+
+    drv = sm90_host
+    direct = direct_launch_unsupported() is None
+    cached = []
+    real_run = op._run
+    monkeypatch.setattr(op, "_run", lambda *a: cached.append(a[0]) or real_run(*a))
+    assert bool(knobs.runtime.launch_enter_hook) and not op.hooks_active()  # empty, yet truthy
+    inp = make_paged_inputs(3, 2, 64, 128, 300, block_size=64, lens_2d=True, seed=17)
+    cfg = VARIANTS["rows"]
+    for _ in range(2):
+        op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg)
+    if direct:
+        (launch,) = op._LAUNCHES.values()
+        assert launch.config == cfg and cached == [launch] and not op._GRIDS
+    else:
+        (programs,) = op._GRIDS.values()
+        assert programs > 0 and not cached and not op._LAUNCHES
+    assert len(drv.launches) == 2
+    first, second = drv.launches
+    assert first[:5] == second[:5] and len(first) == len(second)  # grid, stream, the same kernel
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        op.fp8_paged_mqa_logits_triton(*inp.args(), True, config=cfg)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(drv.launches) == 3 and drv.launches[2][:5] == first[:5]
+    assert cached == ([launch] if direct else []) and len(op._LAUNCHES) == int(direct)
 
 
 def _marked(launch, outs):
