@@ -9,6 +9,9 @@ engine or the core could make; all in one process, timed in interleaved rounds):
 
 - ``deepgemm``: ``deep_gemm.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, True)``, its whole C++ call
   (absent when DeepGEMM does not import; the reason is printed);
+- ``gluon api``: ``mqa_core.fp8_mqa_logits(q, (k, k_scale), w, ks, ke)`` under ``MQA_PROVIDER=gluon``;
+- ``gluon provider`` / ``triton provider``: ``Provider.fp8_mqa_logits`` of the provider of that name
+  (``mqa_core.testing.providers.provider_named``);
 - ``gluon object`` / ``triton object``: the kernel objects the providers load,
   ``mqa_provider_gluon.kernels.GLUON|TRITON.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=True)``;
 - ``gluon bound`` / ``triton bound``: the launchers, ``fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True)``
@@ -18,13 +21,17 @@ engine or the core could make; all in one process, timed in interleaved rounds):
   ``JITFunction.run`` on every call (what every call cost before, less the per-call conversions);
 - ``torch.empty``: the output's allocation alone, the floor of any launcher.
 
+The levels of one kernel, outermost first: api, provider, object (the kernel object), bound (the
+kernel's launcher); as in ``--paged``.
+
 Host us/call: ``calls`` calls back to back without a sync, divided by ``calls``; median over rounds.
 On the GPU the device time of one call (CUDA-graph replay) is printed too: where it is below the host
 figure the device kept up, so the host is what was timed. Every GPU row is checked first: the bound
 launch equals Triton's launch bit for bit, and both match the float64 oracle (calc_diff < 1e-3, same
 -inf mask). With ``--cpu`` tensors stay on the CPU, kernels are compiled for sm_90 but never run
-(the C launch is a no-op): it measures the Python up to the launch. The table comes last; JSON rows
-go to ``$OUT/h200_launch.json``.
+(the C launch is a no-op): it measures the Python up to the launch, and the core's arch lookup
+answers sm_90 for the CPU tensors (so the gluon and triton providers are chosen and validated as on
+the H200). The table comes last; JSON rows go to ``$OUT/h200_launch.json``.
 
 Paged (``--paged``): the decode op on B=32, H=64, D=128, 64-token blocks, contexts up to 4096, for
 next_n in {2, 1} with 2-D and 1-D context lengths, clean_logits=True. Rows, outermost first:
@@ -207,6 +214,43 @@ def main_paged(a: argparse.Namespace) -> int:
     return 0
 
 
+def core_rows(device: str, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor,
+              ks: torch.Tensor, ke: torch.Tensor) -> dict[str, Callable[[], Any]]:
+    """The core's levels of prefill: the public call (under MQA_PROVIDER=gluon, which the caller sets)
+    and each provider's method (bound once, as an engine would)."""
+    import mqa_core
+    from mqa_core.testing.providers import provider_named
+
+    arch = "sm_90" if device == "cpu" else mqa_core.arch.arch_of_device(q.device)
+    gluon, triton_ = (provider_named(name, arch, dtype=q.dtype).fp8_mqa_logits for name in ("gluon", "triton"))
+    api_fn = mqa_core.fp8_mqa_logits
+    return {"gluon api": lambda: api_fn(q, kv, w, ks, ke, clean_logits=True),
+            "gluon provider": lambda: gluon(q, kv, w, ks, ke, clean_logits=True),
+            "triton provider": lambda: triton_(q, kv, w, ks, ke, clean_logits=True)}
+
+
+def cpu_prefill_stage(stack: ExitStack) -> None:
+    """The prefill launchers' GPU path on CPU tensors: one sm_90 device with 132 SMs, the host-only
+    driver with a no-op C launch, the core's arch lookup answering sm_90."""
+    from mqa_provider_gluon import kernels
+    from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+    from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as gl_op
+    from mqa_provider_gluon.ops import mqa_logits_triton as tr_op
+
+    import mqa_core.api
+    import mqa_core.arch
+
+    sm90 = lambda device=None: "sm_90"  # noqa: E731
+    tr_op._device_facts = lambda index: ("sm_90", 4 * 132)  # type: ignore[assignment]
+    gl_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
+    gl_op._multiprocessors = lambda index: 132  # type: ignore[assignment]
+    kernels.prefill_launcher = (  # type: ignore[assignment]
+        lambda use_gluon, index: gl_op.fp8_mqa_logits_gluon if use_gluon else tr_op.fp8_mqa_logits_triton)
+    mqa_core.api.arch_of_device = sm90  # type: ignore[assignment]
+    mqa_core.arch.arch_of_device = sm90  # type: ignore[assignment]
+    stack.enter_context(host_only(HostOnlyDriver(launch=lambda *args: None)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="host-only driver on this machine (no GPU)")
@@ -221,19 +265,12 @@ def main() -> int:
     from mqa_provider_gluon.ops import mqa_logits_triton as tr_op
 
     from mqa_core.bench.host import host_costs
+    from mqa_core.testing.providers import environment
 
     calls = a.calls or (2000 if a.cpu else 500)
     stack = ExitStack()
     if a.cpu:
-        from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
-
-        # The launchers see one sm_90 device with 132 SMs; Triton's C launch does nothing.
-        tr_op._device_facts = lambda index: ("sm_90", 4 * 132)  # type: ignore[assignment]
-        gl_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
-        gl_op._multiprocessors = lambda index: 132  # type: ignore[assignment]
-        kernels.prefill_launcher = (  # type: ignore[assignment]
-            lambda use_gluon, index: gl_op.fp8_mqa_logits_gluon if use_gluon else tr_op.fp8_mqa_logits_triton)
-        stack.enter_context(host_only(HostOnlyDriver(launch=lambda *args: None)))
+        cpu_prefill_stage(stack)
         device, wait = "cpu", lambda: None
     else:
         if not torch.cuda.is_available():
@@ -249,12 +286,15 @@ def main() -> int:
     except Exception as exc:
         print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
     gluon_reason = None if a.cpu else gl_op.gluon_supported(torch.device(device))
+    core = core_rows(device, q, (k, k_scale), w, ks, ke)
     if gluon_reason is None:
+        rows["gluon api"], rows["gluon provider"] = core["gluon api"], core["gluon provider"]
         rows["gluon object"] = lambda: kernels.GLUON.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=True)
         rows["gluon bound"] = lambda: gl_op.fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True)
         rows["gluon triton-run"] = lambda: gl_op.fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True, direct=False)
     else:
         print(f"Gluon kernel unavailable: {gluon_reason}")
+    rows["triton provider"] = core["triton provider"]
     rows["triton object"] = lambda: kernels.TRITON.fp8_mqa_logits(q, (k, k_scale), w, ks, ke, clean_logits=True)
     rows["triton bound"] = lambda: tr_op.fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True)
     rows["triton triton-run"] = lambda: tr_op.fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True, direct=False)
@@ -264,6 +304,7 @@ def main() -> int:
 
     gate = direct_launch_unsupported() or ("triton launch hooks are registered" if hooks_active() else None)
     print(f"direct launches: {'on' if gate is None else 'OFF: ' + gate}")
+    stack.enter_context(environment(MQA_PROVIDER="gluon"))
     with stack:
         t = time.time()
         for fn in rows.values():  # first calls compile and bind

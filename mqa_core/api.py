@@ -3,21 +3,21 @@
 Each request reads the registry's state once and passes that snapshot down (never a second
 ``state()`` deep inside), so a concurrent :func:`reload` cannot mix two states in one answer.
 
-The ops remember, in that state, what each call signature has already passed (the checks' problem
-and the provider chosen for it): a repeated call costs a signature and a dictionary lookup, not the
-checks and the choice (:mod:`mqa_core.memo`).
+The ops remember, in that state, what each call signature has already passed (the checks' problem,
+the provider chosen for it and its prepared call): a repeated call costs a signature and a dictionary
+lookup, not the checks and the choice (:mod:`mqa_core.memo`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import registry, validate
+from . import registry
 from .arch import arch_of_device, detect_arch, normalize_arch
 from .decision import Decision
-from .memo import mqa_recall, paged_problem, paged_recall, remember
-from .provider import Provider
-from .spec import OPS, Pair, Problem, dtype_name, dtype_pair
+from .memo import MQA, PAGED, Op, Signature, remember
+from .provider import Entry, Provider
+from .spec import OPS, Pair, Problem, dtype_pair
 
 if TYPE_CHECKING:
     import torch
@@ -81,18 +81,7 @@ def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", w
     ``max(ks[m], 0) <= n < min(ke[m], N)``, ``-inf`` elsewhere when ``clean_logits``.
     """
     s = registry.state()
-    table = s.mqa_calls  # None under MQA_VALIDATE=full: every call is checked, values included
-    key, hit = mqa_recall(table, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
-    if hit is None:
-        problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
-                                           full=s.settings.validate_full)
-        provider = registry.provider_for(arch_of_device(q.device), "fp8_mqa_logits",
-                                         (dtype_name(q.dtype), dtype_name(kv[0].dtype)), problem, s=s)
-        remember(table, key, (problem, provider))
-    else:
-        problem, provider = hit
-    # Selection matched the provider to q's arch, dtype pair and shape: validating again would only cost.
-    return provider.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+    return _call(s, MQA, s.mqa_calls, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
 
 
 def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
@@ -103,22 +92,23 @@ def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "
     The cache holds bytes of q's fp8 flavour, so the provider is chosen on the pair (q, q).
     """
     s = registry.state()
-    table = s.paged_calls
-    key, hit = paged_recall(table, q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                            clean_logits)
-    if hit is not None:  # (problem, provider, the provider's call prepared for the signature or None)
-        return hit[1].run_paged_mqa_logits(hit[0], q, kv_cache, weights, context_lens, block_tables,
-                                           max_context_len, clean_logits, hit[2])
-    problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                            clean_logits, full=s.settings.validate_full)
-    name = dtype_name(q.dtype)
-    provider = registry.provider_for(arch_of_device(q.device), "fp8_paged_mqa_logits", (name, name),
-                                     problem, s=s)
-    out = provider.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
-                                        max_context_len, clean_logits)
-    if key is not None:  # the first call of a signature has run: later ones may take the prepared call
-        remember(table, key, (problem, provider, provider.prepare_paged(
-            q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)))
+    return _call(s, PAGED, s.paged_calls, (q, kv_cache, weights, context_lens, block_tables, max_context_len),
+                 clean_logits)
+
+
+def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],
+          clean_logits: Any) -> "torch.Tensor":
+    """Either public op on state ``s``: a remembered signature goes straight to its provider (and its
+    prepared call); a new one is checked, a provider chosen, and after it ran, remembered with the
+    provider's prepared call. (``table`` is None under MQA_VALIDATE=full: every call is checked.)"""
+    key, hit = op.recall(table, *args, clean_logits)
+    if hit is not None:  # selection matched the provider to the arch, pair and shape: no checks again
+        return hit[1].run(op, hit[0], args, clean_logits, hit[2])
+    problem = op.check(*args, clean_logits, full=s.settings.validate_full)
+    provider = registry.provider_for(arch_of_device(args[0].device), op.name, op.pair(args), problem, s=s)
+    out = provider.run(op, problem, args, clean_logits)
+    if key is not None:
+        remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits)))
     return out
 
 

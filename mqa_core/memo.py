@@ -12,6 +12,13 @@ Not remembered: anything under ``MQA_VALIDATE=full`` (its checks read values, wh
 sync and change between calls with the same signature), and calls whose signature cannot be built (an
 argument that is not a tensor where one belongs: the checks then say what is wrong).
 
+Both ops take one path (:meth:`mqa_core.Provider.call`, ``mqa_core.api``): an :class:`Op` holds what
+differs between them (the signature, the checks, the value checks of ``MQA_VALIDATE=full``, the dtype
+pair a provider is chosen on). A table's entry is the same for both ops and every table: (problem,
+provider, the provider's call prepared for the signature or None; see
+:meth:`mqa_core.Provider.prepare`). Each tensor's start address modulo 16 is part of a signature:
+compiled kernels specialise on 16-byte alignment, so a prepared call may rely on every residue.
+
 Tables belong to the registry's state (the public ops') or to a provider loaded in it (a bound
 provider's), so :func:`mqa_core.reload` drops them. Each holds at most :data:`MAX_SIGNATURES` entries;
 a full table is emptied and fills again. Every write is one dictionary operation, atomic on its own,
@@ -20,14 +27,15 @@ so the per-call path takes no lock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from . import validate
-from .spec import Problem, ProviderSpec
+from .spec import Pair, Problem, ProviderSpec, dtype_name
 
-__all__ = ["MAX_SIGNATURES", "Signature", "mqa_recall", "paged_problem", "paged_recall", "remember"]
+__all__ = ["MAX_SIGNATURES", "MQA", "PAGED", "Op", "Signature", "mqa_problem", "mqa_recall", "paged_problem",
+           "paged_recall", "remember"]
 
 #: The most signatures one table remembers (engines send a handful of shapes per op).
 MAX_SIGNATURES = 1024
@@ -49,12 +57,14 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
     try:
         k, k_scale = kv
         key = (type(kv), type(clean_logits), clean_logits,
-               type(q), q.shape, q.stride(), q.dtype, q.device,
-               type(k), k.shape, k.stride(), k.dtype, k.device,
+               type(q), q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+               type(k), k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
                type(k_scale), k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.device,
+               k_scale.data_ptr() & 15,
                type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
-               type(ks), ks.shape, ks.stride(), ks.dtype, ks.device,
-               type(ke), ke.shape, ke.stride(), ke.dtype, ke.device)
+               weights.data_ptr() & 15,
+               type(ks), ks.shape, ks.stride(), ks.dtype, ks.device, ks.data_ptr() & 15,
+               type(ke), ke.shape, ke.stride(), ke.dtype, ke.device, ke.data_ptr() & 15)
     except Exception:
         return None, None
     return key, table.get(key)
@@ -63,9 +73,7 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
 def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
                  block_tables: Any, max_context_len: Any, clean_logits: Any) -> tuple[Signature | None, V | None]:
     """As :func:`mqa_recall`, for the paged op (``max_context_len`` is the problem's N, so it is part of
-    the signature). Each tensor's start address modulo 16 is part of it too: the checks require the
-    cache's float32 scales 4-byte aligned, and compiled kernels specialise on 16-byte alignment, so a
-    provider's prepared call (:meth:`mqa_core.Provider.prepare_paged`) may rely on every residue."""
+    the signature)."""
     if table is None:
         return None, None
     try:
@@ -103,3 +111,46 @@ def paged_problem(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_
     problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
                                              max_context_len, clean_logits, spec=spec, full=full)
     return replace(problem, next_n=q.shape[1], block_size=kv_cache.shape[1])
+
+
+def mqa_problem(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
+                spec: ProviderSpec | None = None, full: bool = False) -> Problem:
+    """:func:`mqa_core.validate.mqa_logits_args` (looked up per call: tests count the checks)."""
+    return validate.mqa_logits_args(q, kv, weights, ks, ke, clean_logits, spec=spec, full=full)
+
+
+def _mqa_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bool, spec: ProviderSpec) -> None:
+    result.check_mqa_values(out, args[3], args[4], clean_logits, spec)
+
+
+def _paged_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bool, spec: ProviderSpec) -> None:
+    result.check_paged_values(out, args[3], args[0].shape[1], clean_logits, spec)
+
+
+def _mqa_pair(args: tuple[Any, ...]) -> Pair:
+    return dtype_name(args[0].dtype), dtype_name(args[1][0].dtype)
+
+
+def _paged_pair(args: tuple[Any, ...]) -> Pair:
+    name = dtype_name(args[0].dtype)  # the cache holds bytes of q's fp8 flavour
+    return name, name
+
+
+@dataclass(frozen=True)
+class Op:
+    """What the per-call path needs to know of one op; its positional arguments travel as one tuple
+    ``args`` (the five tensor arguments first, then the paged op's ``max_context_len``)."""
+
+    name: str
+    #: (table, *args, clean_logits) -> (signature or None, the table's entry or None)
+    recall: Callable[..., tuple[Signature | None, Any]]
+    #: (*args, clean_logits, spec=, full=) -> Problem: the op's checks
+    check: Callable[..., Problem]
+    #: (the result module, out, args, clean_logits, spec): the value checks of MQA_VALIDATE=full
+    values: Callable[[Any, Any, tuple[Any, ...], bool, ProviderSpec], None]
+    #: args -> the (q, k) dtype pair a provider is chosen on
+    pair: Callable[[tuple[Any, ...]], Pair]
+
+
+MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair)
+PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair)

@@ -13,17 +13,19 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import validate
 from .errors import ProviderResultError
-from .memo import Signature, mqa_recall, paged_problem, paged_recall, remember
+from .memo import MQA, PAGED, Op, Signature, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
     import torch
 
-#: A kernel object's paged call prepared for one call signature: (q, kv_cache, weights, context_lens,
-#: block_tables) -> logits.
-PagedCall = Callable[..., Any]
+#: A kernel object's call prepared for one call signature: the op's five tensor arguments -> logits
+#: ((q, kv, weights, ks, ke) for prefill, (q, kv_cache, weights, context_lens, block_tables) for paged).
+PreparedCall = Callable[..., Any]
+#: What a memo table holds per signature, for both ops and in every table (the public ops' and a
+#: provider's own): the checks' problem, the provider serving it, its prepared call or None.
+Entry = tuple[Problem, "Provider", PreparedCall | None]
 
 
 def load_object(path: str) -> Any:
@@ -51,12 +53,10 @@ class Provider:
         self.impl = impl
         self._validate_full = validate_full
         self._result = result
-        # Signature -> problem, for the signatures this provider's checks have passed (mqa_core.memo),
-        # and for the paged op the kernel's prepared call too; None under MQA_VALIDATE=full. The
-        # registry makes a new provider for each state.
-        self._passed_mqa: dict[Signature, Problem] | None = None if validate_full else {}
-        self._passed_paged: dict[Signature, tuple[Problem, PagedCall | None]] | None = (
-            None if validate_full else {})
+        # Signature -> entry, for the signatures this provider's checks have passed, per op
+        # (mqa_core.memo); None under MQA_VALIDATE=full. The registry makes a new provider per state.
+        self._passed_mqa: dict[Signature, Entry] | None = None if validate_full else {}
+        self._passed_paged: dict[Signature, Entry] | None = None if validate_full else {}
 
     @property
     def name(self) -> str:
@@ -88,90 +88,66 @@ class Provider:
                        weights: "torch.Tensor", cu_seqlen_ks: "torch.Tensor",
                        cu_seqlen_ke: "torch.Tensor", *, clean_logits: bool = True) -> "torch.Tensor":
         """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in [ks[m], ke[m])."""
-        table = self._passed_mqa
-        key, problem = mqa_recall(table, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
-        if problem is None:
-            self._require("fp8_mqa_logits")
-            problem = validate.mqa_logits_args(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits,
-                                               spec=self.spec, full=self._validate_full)
-            remember(table, key, problem)
-        return self.run_mqa_logits(problem, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
-
-    def run_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
-                       weights: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor",
-                       clean_logits: bool) -> "torch.Tensor":
-        """The kernel on arguments already validated (``problem`` is what validation returned), and
-        the check of its result."""
-        try:
-            out = self.impl.fp8_mqa_logits(q, kv, weights, ks, ke, clean_logits=clean_logits)
-        except SystemExit as exc:  # a kernel must not end the caller's process
-            raise self._exited("fp8_mqa_logits", exc) from exc
-        self._result.check_logits(out, self.spec, "fp8_mqa_logits", problem.m, problem.n, q.device)
-        if self._validate_full:
-            self._result.check_mqa_values(out, ks, ke, clean_logits, self.spec)
-        return out
+        return self.call(MQA, self._passed_mqa, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
 
     def fp8_paged_mqa_logits(self, q: "torch.Tensor", kv_cache: "torch.Tensor",
                              weights: "torch.Tensor", context_lens: "torch.Tensor",
                              block_tables: "torch.Tensor", max_context_len: int, *,
                              clean_logits: bool = True) -> "torch.Tensor":
         """The decode variant over a paged fp8 cache (DeepGEMM's block layout)."""
-        table = self._passed_paged
-        key, hit = paged_recall(table, q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                clean_logits)
+        return self.call(PAGED, self._passed_paged,
+                         (q, kv_cache, weights, context_lens, block_tables, max_context_len), clean_logits)
+
+    def call(self, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],
+             clean_logits: Any) -> "torch.Tensor":
+        """Either op: a signature seen before runs its entry (no checks; its prepared call where it has
+        one); a new one is checked, runs, and is remembered with its prepared call."""
+        key, hit = op.recall(table, *args, clean_logits)
         if hit is not None:
-            return self.run_paged_mqa_logits(hit[0], q, kv_cache, weights, context_lens, block_tables,
-                                             max_context_len, clean_logits, hit[1])
-        self._require("fp8_paged_mqa_logits")
-        problem = paged_problem(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                clean_logits, spec=self.spec, full=self._validate_full)
-        out = self.run_paged_mqa_logits(problem, q, kv_cache, weights, context_lens, block_tables,
-                                        max_context_len, clean_logits)
+            return self.run(op, hit[0], args, clean_logits, hit[2])
+        self._require(op.name)
+        problem = op.check(*args, clean_logits, spec=self.spec, full=self._validate_full)
+        out = self.run(op, problem, args, clean_logits)
         if key is not None:
-            remember(table, key, (problem, self.prepare_paged(q, kv_cache, weights, context_lens,
-                                                              block_tables, max_context_len, clean_logits)))
+            remember(table, key, (problem, self, self.prepare(op, args, clean_logits)))
         return out
 
-    def prepare_paged(self, q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
-                      context_lens: "torch.Tensor", block_tables: "torch.Tensor", max_context_len: int,
-                      clean_logits: bool) -> PagedCall | None:
+    def prepare(self, op: Op, args: tuple[Any, ...], clean_logits: bool) -> PreparedCall | None:
         """The kernel object's call prepared for this call's signature (``mqa_core.memo``), asked once
-        the signature has passed the checks and run: ``impl.prepare_fp8_paged_mqa_logits(...)`` where
-        the kernel object has one, else None. Later calls with the same signature hand it the five
-        tensors instead of calling ``impl.fp8_paged_mqa_logits`` (its result checked all the same)."""
-        prepare = getattr(self.impl, "prepare_fp8_paged_mqa_logits", None)
+        the signature has passed the checks and run: ``impl.prepare_<op>(*args, clean_logits=...)``
+        where the kernel object has one, else None. Later calls with the same signature hand it the
+        op's five tensor arguments instead of calling ``impl.<op>`` (its result checked all the same)."""
+        name = f"prepare_{op.name}"
+        prepare = getattr(self.impl, name, None)
         if prepare is None:
             return None
         try:
-            prepared = prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                               clean_logits=clean_logits)
+            prepared = prepare(*args, clean_logits=clean_logits)
         except (Exception, SystemExit) as exc:  # optional: a failure costs the shortcut, not the call
-            warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): "
-                          f"prepare_fp8_paged_mqa_logits raised {type(exc).__name__}: {exc}; its calls "
-                          "take fp8_paged_mqa_logits", RuntimeWarning, stacklevel=2)
+            self._no_shortcut(op, f"{name} raised {type(exc).__name__}: {exc}")
             return None
         if prepared is not None and not callable(prepared):
-            warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): "
-                          f"prepare_fp8_paged_mqa_logits returned {type(prepared).__name__}, not a callable "
-                          "or None; its calls take fp8_paged_mqa_logits", RuntimeWarning, stacklevel=2)
+            self._no_shortcut(op, f"{name} returned {type(prepared).__name__}, not a callable or None")
             return None
         return prepared
 
-    def run_paged_mqa_logits(self, problem: Problem, q: "torch.Tensor", kv_cache: "torch.Tensor",
-                             weights: "torch.Tensor", context_lens: "torch.Tensor",
-                             block_tables: "torch.Tensor", max_context_len: int,
-                             clean_logits: bool, prepared: PagedCall | None = None) -> "torch.Tensor":
-        """As :meth:`run_mqa_logits`, for the paged op; through ``prepared`` (what
-        :meth:`prepare_paged` returned for this call's signature) when there is one."""
+    def _no_shortcut(self, op: Op, what: str) -> None:
+        warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): {what}; its "
+                      f"calls take {op.name}", RuntimeWarning, stacklevel=3)
+
+    def run(self, op: Op, problem: Problem, args: tuple[Any, ...], clean_logits: bool,
+            prepared: PreparedCall | None = None) -> "torch.Tensor":
+        """The kernel on arguments already validated (``problem`` is what validation returned),
+        through ``prepared`` (what :meth:`prepare` returned for this call's signature) when there is
+        one, and the check of its result."""
         try:
             if prepared is None:
-                out = self.impl.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                                     max_context_len, clean_logits=clean_logits)
+                out = getattr(self.impl, op.name)(*args, clean_logits=clean_logits)
             else:
-                out = prepared(q, kv_cache, weights, context_lens, block_tables)
-        except SystemExit as exc:
-            raise self._exited("fp8_paged_mqa_logits", exc) from exc
-        self._result.check_logits(out, self.spec, "fp8_paged_mqa_logits", problem.m, problem.n, q.device)
+                out = prepared(*args[:5])
+        except SystemExit as exc:  # a kernel must not end the caller's process
+            raise self._exited(op.name, exc) from exc
+        self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)
         if self._validate_full:
-            self._result.check_paged_values(out, context_lens, q.shape[1], clean_logits, self.spec)
+            op.values(self._result, out, args, clean_logits, self.spec)
         return out

@@ -26,7 +26,7 @@ from .decision import Decision
 from .discovery import Discovery, cut_by_fork, describe_error, discover, unknown_names
 from .errors import ProviderUnavailableError
 from .memo import Signature
-from .provider import PagedCall, Provider, load_object
+from .provider import Entry, Provider, load_object
 from .select import decide, preferred_order, run_check, shape_reason
 from .settings import Settings
 from .spec import Pair, Problem, ProviderSpec
@@ -61,11 +61,10 @@ class _State:
     fast: dict[tuple[object, str, object], Provider] = field(default_factory=dict)
     #: MQA_TUNING's table: orders the plan per shape bucket.
     tuning: Tuning | None = None
-    #: Call signature -> (problem, provider) for the public ops, bounded (see mqa_core.memo), and for
-    #: the paged op the provider's prepared call as well (or None); None under MQA_VALIDATE=full,
-    #: where every call is checked.
-    mqa_calls: dict[Signature, tuple[Problem, Provider]] | None = None
-    paged_calls: dict[Signature, tuple[Problem, Provider, PagedCall | None]] | None = None
+    #: Call signature -> (problem, provider, its prepared call or None) for the public ops, bounded
+    #: (see mqa_core.memo); None under MQA_VALIDATE=full, where every call is checked.
+    mqa_calls: dict[Signature, Entry] | None = None
+    paged_calls: dict[Signature, Entry] | None = None
 
     def __post_init__(self) -> None:
         if not self.settings.validate_full:

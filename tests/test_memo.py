@@ -76,6 +76,15 @@ def _strided(t: torch.Tensor) -> torch.Tensor:
     return wide[..., : t.shape[-1]]
 
 
+def _moved(t: torch.Tensor, nbytes: int) -> torch.Tensor:
+    """A copy of ``t`` whose start address is ``nbytes`` past a 64-byte aligned one (a residue modulo
+    16 that the checks accept and compiled kernels specialise on)."""
+    step = nbytes // t.element_size()
+    buf = torch.empty(t.numel() + step, dtype=t.dtype)
+    assert buf.data_ptr() % 64 == 0
+    return buf[step:].view(t.shape).copy_(t)
+
+
 PREFILL_VARIANTS = {
     "k strided": lambda x: {"kv": (_strided(x.k), x.k_scale)},
     "q other strides": lambda x: {"q": x.q.transpose(0, 1).contiguous().transpose(0, 1)},
@@ -89,6 +98,12 @@ PREFILL_VARIANTS = {
     "all on meta": lambda x: {k: v.to("meta") if isinstance(v, torch.Tensor) else
                               tuple(t.to("meta") for t in v) if isinstance(v, tuple) else v
                               for k, v in prefill(x).items()},
+    "q start 8 bytes on": lambda x: {"q": _moved(x.q, 8)},
+    "k start 4 bytes on": lambda x: {"kv": (_moved(x.k, 4), x.k_scale)},
+    "k_scale start 4 bytes on": lambda x: {"kv": (x.k, _moved(x.k_scale, 4))},
+    "weights start 8 bytes on": lambda x: {"weights": _moved(x.weights, 8)},
+    "ks start 4 bytes on": lambda x: {"ks": _moved(x.ks, 4)},
+    "ke start 12 bytes on": lambda x: {"ke": _moved(x.ke, 12)},
     "clean False": lambda x: {"clean_logits": False},
     "clean 1": lambda x: {"clean_logits": 1},
     "clean None": lambda x: {"clean_logits": None},
@@ -143,13 +158,13 @@ def test_reload_forgets_every_signature(x, checks):
 
 def test_reload_with_another_forced_provider_is_obeyed_for_a_remembered_signature(x, monkeypatch):
     mqa_core.fp8_mqa_logits(*x.args())
-    assert {p.name for _, p in registry.state().mqa_calls.values()} == {"torch_ref"}
+    assert {p.name for _, p, _ in registry.state().mqa_calls.values()} == {"torch_ref"}
     monkeypatch.setenv("MQA_PROVIDER", "example_chunked")
     mqa_core.fp8_mqa_logits(*x.args())  # not reloaded: settings are read once
-    assert {p.name for _, p in registry.state().mqa_calls.values()} == {"torch_ref"}
+    assert {p.name for _, p, _ in registry.state().mqa_calls.values()} == {"torch_ref"}
     mqa_core.reload()
     mqa_core.fp8_mqa_logits(*x.args())
-    assert {p.name for _, p in registry.state().mqa_calls.values()} == {"example_chunked"}
+    assert {p.name for _, p, _ in registry.state().mqa_calls.values()} == {"example_chunked"}
 
 
 def test_full_validation_checks_every_call_and_its_values(x, checks, monkeypatch):
@@ -214,15 +229,6 @@ def _misaligned(cache: torch.Tensor) -> torch.Tensor:
     return out.copy_(cache)
 
 
-def _moved(t: torch.Tensor, nbytes: int) -> torch.Tensor:
-    """A copy of ``t`` whose start address is ``nbytes`` past a 64-byte aligned one (a residue modulo
-    16 that the checks accept and compiled kernels specialise on)."""
-    step = nbytes // t.element_size()
-    buf = torch.empty(t.numel() + step, dtype=t.dtype)
-    assert buf.data_ptr() % 64 == 0
-    return buf[step:].view(t.shape).copy_(t)
-
-
 PAGED_VARIANTS = {
     "cache rows padded": lambda y: {"kv_cache": _padded_rows(y.kv_cache)},
     "cache start misaligned": lambda y: {"kv_cache": _misaligned(y.kv_cache)},
@@ -265,14 +271,15 @@ def test_paged_problems_carry_next_n_and_block_size(y):
     assert prepared is None  # torch_ref's kernel object prepares nothing: its method serves every call
     p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
     p.fp8_paged_mqa_logits(*y.args())
-    assert list(p._passed_paged.values()) == [(problem, None)]
+    assert list(p._passed_paged.values()) == [(problem, p, None)]
     assert str(problem) == "M=4,N=100,H=4,D=64,next_n=2,block_size=16"
     assert key_of("fp8_paged_mqa_logits", problem)[-1] == 2
 
 
 class Preparing:
-    """A kernel object that prepares a call per signature (what the Triton provider's does), counting
-    what it prepares and serves; ``wrong`` makes the prepared call return a transposed result."""
+    """A kernel object that prepares a call per signature for both ops (what the Triton provider's
+    does), counting what it prepares and serves; ``wrong`` makes the prepared call return a
+    transposed result."""
 
     def __init__(self, inner, wrong: bool = False) -> None:
         self.inner, self.wrong, self.prepared, self.served = inner, wrong, [], 0
@@ -283,41 +290,63 @@ class Preparing:
     def fp8_paged_mqa_logits(self, *a, **k):
         return self.inner.fp8_paged_mqa_logits(*a, **k)
 
-    def prepare_fp8_paged_mqa_logits(self, q, kv_cache, weights, lens, tables, n, *, clean_logits):
-        self.prepared.append((tuple(q.shape), n, clean_logits))
+    def _prepare(self, op, args, clean_logits):
+        self.prepared.append((tuple(args[0].shape), args[5:], clean_logits))
+        scalars = args[5:]  # the paged op's max_context_len: fixed by the signature
 
-        def call(q, kv_cache, weights, lens, tables):
+        def call(*tensors):
             self.served += 1
-            out = self.inner.fp8_paged_mqa_logits(q, kv_cache, weights, lens, tables, n, clean_logits=clean_logits)
+            out = getattr(self.inner, op)(*tensors, *scalars, clean_logits=clean_logits)
             return out.t() if self.wrong else out
         return call
 
+    def prepare_fp8_mqa_logits(self, *args, clean_logits):
+        return self._prepare("fp8_mqa_logits", args, clean_logits)
 
+    def prepare_fp8_paged_mqa_logits(self, *args, clean_logits):
+        return self._prepare("fp8_paged_mqa_logits", args, clean_logits)
+
+
+def op_inputs(op: str, size: int, seed: int):
+    """Inputs of ``op`` whose signature follows ``size`` (the paged batch, a third of prefill's M)."""
+    if op == "fp8_paged_mqa_logits":
+        return make_paged_inputs(size, 2, 4, 64, 100, block_size=16, seed=seed)
+    return make_inputs(Problem(3 * size, 40, 4, 64), window="ragged", seed=seed)
+
+
+OP_NAMES = ["fp8_mqa_logits", "fp8_paged_mqa_logits"]
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
 @pytest.mark.parametrize("level", ["api", "provider"])
-def test_a_prepared_paged_call_serves_the_later_calls_of_its_signature(y, checks, monkeypatch, level):
+def test_a_prepared_call_serves_the_later_calls_of_its_signature(checks, monkeypatch, level, op):
     """The kernel object is asked once per signature, after its first call passed and ran; the later
     calls of that signature go to the prepared call, and its result is checked like any other."""
-    p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
+    p = mqa_core.get_provider("cpu", op=op)
     kernel = Preparing(p.impl)
     monkeypatch.setattr(p, "impl", kernel)
-    fn = mqa_core.fp8_paged_mqa_logits if level == "api" else p.fp8_paged_mqa_logits
-    outs = [fn(*y.args()) for _ in range(3)]
-    assert kernel.prepared == [((2, 2, 4, 64), 100, True)] and kernel.served == 2 and checks["paged"] == 1
+    fn = getattr(mqa_core if level == "api" else p, op)
+    inp = op_inputs(op, 2, seed=5)
+    outs = [fn(*inp.args()) for _ in range(3)]
+    counted = "mqa" if op == "fp8_mqa_logits" else "paged"
+    assert kernel.prepared == [(tuple(inp.q.shape), inp.args()[5:], True)]
+    assert kernel.served == 2 and checks[counted] == 1
     assert all(torch.equal(o, outs[0]) for o in outs)
-    other = make_paged_inputs(3, 2, 4, 64, 100, block_size=16, seed=6)  # another B: another signature
-    fn(*other.args())
-    assert len(kernel.prepared) == 2 and kernel.served == 2 and checks["paged"] == 2
+    fn(*op_inputs(op, 3, seed=6).args())  # another batch: another signature
+    assert len(kernel.prepared) == 2 and kernel.served == 2 and checks[counted] == 2
     kernel.wrong = True
-    with pytest.raises(mqa_core.ProviderResultError, match=r"shape \[100, 4\] \(expected \[4, 100\]\)"):
-        fn(*y.args())
+    m, n = outs[0].shape
+    with pytest.raises(mqa_core.ProviderResultError, match=rf"shape \[{n}, {m}\] \(expected \[{m}, {n}\]\)"):
+        fn(*inp.args())
 
 
+@pytest.mark.parametrize("op", OP_NAMES)
 @pytest.mark.parametrize("broken", ["raises", "exits", "not callable"])
-def test_a_broken_prepare_costs_the_shortcut_not_the_call(y, monkeypatch, broken):
-    """prepare_fp8_paged_mqa_logits is optional: when it raises (SystemExit too) or hands back
-    something that cannot be called, the call still returns the kernel's result, a warning names the
-    provider, and later calls of the signature take fp8_paged_mqa_logits."""
-    p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
+def test_a_broken_prepare_costs_the_shortcut_not_the_call(monkeypatch, broken, op):
+    """prepare_<op> is optional: when it raises (SystemExit too) or hands back something that cannot
+    be called, the call still returns the kernel's result, a warning names the provider, and later
+    calls of the signature take the op's method."""
+    p = mqa_core.get_provider("cpu", op=op)
     kernel = Preparing(p.impl)
 
     def prepare(*a, **k):
@@ -327,14 +356,16 @@ def test_a_broken_prepare_costs_the_shortcut_not_the_call(y, monkeypatch, broken
             raise SystemExit(3)
         return 42
 
-    monkeypatch.setattr(kernel, "prepare_fp8_paged_mqa_logits", prepare)
+    monkeypatch.setattr(kernel, f"prepare_{op}", prepare)
     monkeypatch.setattr(p, "impl", kernel)
-    expected = p.impl.inner.fp8_paged_mqa_logits(*y.args()[:6], clean_logits=True)
-    with pytest.warns(RuntimeWarning, match=r"provider torch_ref .*prepare_fp8_paged_mqa_logits"):
-        first = p.fp8_paged_mqa_logits(*y.args())
+    inp = op_inputs(op, 2, seed=5)
+    expected = getattr(kernel.inner, op)(*inp.args(), clean_logits=True)
+    with pytest.warns(RuntimeWarning, match=rf"provider torch_ref .*prepare_{op}"):
+        first = getattr(p, op)(*inp.args())
     assert torch.equal(first, expected)
-    assert list(p._passed_paged.values())[0][1] is None
-    assert torch.equal(p.fp8_paged_mqa_logits(*y.args()), expected) and kernel.served == 0
+    table = p._passed_mqa if op == "fp8_mqa_logits" else p._passed_paged
+    assert list(table.values())[0][2] is None
+    assert torch.equal(getattr(p, op)(*inp.args()), expected) and kernel.served == 0
 
 
 def test_problem_refuses_bad_next_n_and_block_size():

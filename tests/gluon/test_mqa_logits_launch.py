@@ -287,6 +287,88 @@ def test_gluon_copies_only_what_needs_copying(host, monkeypatch: pytest.MonkeyPa
     assert len(prepared) == 1
 
 
+# ---- the prepared call (mqa-core's per-signature shortcut) ----------------------------------------
+
+def _prepared_launches(drv, launcher, prepare, inputs) -> bool:
+    """Triton's path, the bound launch, then the call ``prepare`` returns: the C launcher gets the same
+    thing from each (pointers compared by what they point at, as in :func:`_same_launches`). Whether
+    there was a prepared call (None where calls of the signature do not take the bound launch)."""
+    seen = []
+    for direct in (False, True, None):
+        drv.labels.clear()
+        drv.labels.update({t.data_ptr(): f"input {i}" for i, t in enumerate(inputs)})
+        if direct is not None:
+            ref = launcher(*inputs, True, direct=direct)
+        else:
+            prepared = prepare(*inputs, True)
+            if prepared is None:
+                return False
+            before = len(drv.direct_calls)
+            q, k, ksc, w, ks, ke = inputs
+            out = prepared(q, (k, ksc), w, ks, ke)
+            drv.labels[out.data_ptr()] = "out"
+            assert len(drv.direct_calls) == before + 1, "the prepared call did not launch the bound kernel"
+            assert out.shape == ref.shape and out.stride() == ref.stride()
+        seen.append(_labelled(drv.launches[-1], drv.labels))
+    assert seen[2] == seen[1] == seen[0], "the prepared call passes what Triton's launcher passes"
+    return True
+
+
+@pytest.mark.parametrize("config", [SMALL, SMALL_TMA, None], ids=["plain", "tma", "default"])
+def test_triton_prepared_call_hands_the_launcher_what_the_other_paths_do(host, config):
+    prepared = []
+    for problem, seed in zip(PROBLEMS, (1, 2, 3)):
+        for name, *inputs in _variants(problem, seed):
+            if _prepared_launches(host, lambda *a, **k: op.fp8_mqa_logits_triton(*a, config=config, **k),
+                                  lambda *a: op.prepare(*a, config=config), inputs):
+                prepared.append(name)
+    # operands that need a copy (int64 windows) take the launcher; the rest are prepared
+    assert ("fresh" in prepared and "int64 windows" not in prepared) if DIRECT else not prepared
+
+
+@pytest.mark.skipif(_gluon_ready() is not None, reason=str(_gluon_ready()))
+def test_gluon_prepared_call_hands_the_launcher_what_the_other_paths_do(host):
+    prepared = []
+    for problem, seed in zip([Problem(128, 2048, 64, 128), Problem(37, 77, 32, 128)], (5, 6)):
+        for name, *inputs in _variants(problem, seed):
+            if _prepared_launches(host, g.fp8_mqa_logits_gluon, g.prepare, inputs):
+                prepared.append(name)
+    # a k pitch TMA cannot take, a transposed weights view, int64 windows: copies, so the launcher
+    assert set(prepared) == ({"fresh", "same shapes, other tensors", "k row pitch d+32", "k_scale [N, 1]"}
+                             if DIRECT else set())
+
+
+def test_prepared_call_yields_to_hooks_and_is_none_where_not_bound(host, monkeypatch: pytest.MonkeyPatch):
+    """With a launch hook set the prepared call launches through Triton's own path (which hands the
+    hook every launch); under the interpreter, for a signature not bound yet, or an empty output,
+    there is nothing to prepare. The kernel object prepares through its device's launcher."""
+    from mqa_provider_gluon import kernels
+    from triton import knobs
+
+    if not DIRECT:
+        pytest.skip(str(launch.direct_launch_unsupported()))
+    inp = make_inputs(Problem(7, 50, 16, 64), seed=4)
+    args = (inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)
+    assert op.prepare(*args) is None  # nothing bound yet
+    op.fp8_mqa_logits_triton(*args)
+    prepared = kernels.TRITON.prepare_fp8_mqa_logits(*inp.args(), clean_logits=True)
+    assert isinstance(prepared, op.PreparedCall)
+    assert op.prepare(*args, False) is None  # another signature: clean_logits
+    empty = make_inputs(Problem(7, 50, 16, 64), seed=4)
+    assert op.prepare(empty.q[:0], *args[1:4], empty.ks[:0], empty.ke[:0]) is None
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        prepared(*inp.args())
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert not host.direct_calls and len(host.launches) == 2 and host.launches[1][:5] == host.launches[0][:5]
+    prepared(*inp.args())
+    assert len(host.direct_calls) == 1
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert op.prepare(*args) is None
+
+
 # ---- the plans under the interpreter: cached decisions, identical results -----------------------
 
 @pytest.fixture

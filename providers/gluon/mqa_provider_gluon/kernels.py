@@ -9,6 +9,7 @@ on gfx942 the Triton launcher relabels e4m3fn operands to e4m3fnuz exactly.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,17 @@ class MqaKernels:
         k, k_scale = kv  # k_scale [N] or [N, 1]: both launchers take either as it is
         return prefill_launcher(self.use_gluon, q.get_device())(q, k, k_scale, weights, cu_seqlen_ks,
                                                                  cu_seqlen_ke, clean_logits)
+
+    def prepare_fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                               cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
+                               clean_logits: bool = True) -> Launcher | None:
+        """mqa-core's optional per-signature call (docs/writing-a-provider.md): the device's launcher's
+        bound launch with everything the signature fixes worked out once (its module's ``prepare``),
+        or None where calls take the full path."""
+        launcher = prefill_launcher(self.use_gluon, q.get_device())
+        k, k_scale = kv
+        prepare = sys.modules[launcher.__module__].prepare
+        return prepare(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
 
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int, *,

@@ -916,23 +916,18 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     the kernel reads them.
     """
     clean_logits = bool(clean_logits)
-    M, H, D = q.shape
+    M = q.shape[0]
     N = k.shape[0]
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-    misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
     kst = k.stride()
     dev = q.get_device()
-    chosen = tuple(sorted(config.items())) if config else shape_config(M, N, H, _multiprocessors(dev))
-    key = (dev, k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
-           ke.get_device(), clean_logits, chosen, q.dtype, k.dtype,
-           k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), kst, k_scale.stride(),
-           weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, ptrs)
     plan = _PLANS.get(key)
     if plan is None:
         if len(set(key[:6])) != 1:
             raise ValueError("fp8_mqa_logits_gluon: all tensors must be on one device; got "
                              f"{[str(t.device) for t in (q, k, k_scale, weights, ks, ke)]}")
-        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, dict(chosen), ptrs)
+        plan = _make_plan(q, k, k_scale, weights, ks, ke, clean_logits, dict(key[7]), ptrs)
         _remember(_PLANS, key, plan)
     if plan.name == "triton":
         from .mqa_logits_triton import fp8_mqa_logits_triton
@@ -947,17 +942,10 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     n_pad = out.stride(0)
     if M == 0 or N == 0:
         return out.fill_(float("-inf")) if clean_logits else out
-    cfg = plan.cfg
-    bq, bn = cfg["BQ"], cfg["BN"]
+    grid, ints = _grid(plan, M, N, n_pad)
     sched: tuple[torch.Tensor, ...] = ()
     if plan.name == "pws":
-        splits, tps = plan.split(M, N)  # type: ignore[misc]
-        grid = (min(plan.sms, triton_cdiv(M, bq) * splits), 1)
-        ints: tuple[int, ...] = (n_pad, M, N, splits, tps)
-        sched = (_scheduler(dev, q.device) if cfg["dynamic"] else out,)  # not read unless dynamic
-    else:
-        grid = (triton_cdiv(triton_cdiv(N, bn), cfg["CHUNK"]), triton_cdiv(M, bq))
-        ints = (n_pad, M, N)
+        sched = (_scheduler(dev, q.device) if plan.cfg["dynamic"] else out,)  # not read unless dynamic
     # Triton specialises these ints (== 1, % 16, 64-bit): they pick the compiled kernel too.
     bkey = (key, *map(int_class, ints))
     if direct and plan.direct:
@@ -972,6 +960,93 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         if direct and plan.direct and bkey not in _BOUND:
             _remember(_BOUND, bkey, bind(compiled))
     return out
+
+
+def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+               ke: torch.Tensor, clean_logits: bool, config: dict[str, Any] | None,
+               ptrs: tuple[int, ...]) -> tuple[Any, ...]:
+    """The key of plans (and, with the launch ints' classes, of bound kernels): devices, the config
+    (``config``, else the one :func:`shape_config` picks), dtypes, H, D, strides, and each data pointer
+    (``ptrs``) only as far as its 16-byte alignment."""
+    M, H, D = q.shape
+    dev = q.get_device()
+    chosen = tuple(sorted(config.items())) if config else shape_config(M, k.shape[0], H, _multiprocessors(dev))
+    misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
+    return (dev, k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
+            ke.get_device(), clean_logits, chosen, q.dtype, k.dtype,
+            k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), k.stride(), k_scale.stride(),
+            weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+
+
+def _grid(plan: _Plan, M: int, N: int, n_pad: int) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """The grid and the launch ints: the output's row stride, M, N (then the persistent kernel's
+    split counts, from the config's split policy)."""
+    cfg = plan.cfg
+    bq = cfg["BQ"]
+    if plan.name == "pws":
+        splits, tps = plan.split(M, N)  # type: ignore[misc]
+        return (min(plan.sms, triton_cdiv(M, bq) * splits), 1), (n_pad, M, N, splits, tps)
+    return (triton_cdiv(triton_cdiv(N, cfg["BN"]), cfg["CHUNK"]), triton_cdiv(M, bq)), (n_pad, M, N)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """The bound launch of one full call signature, with the plan, grid, launch ints and k's row
+    stride worked out once: mqa-core's prepared call (its signature holds every tensor's type, shape,
+    strides, dtype, device and start address modulo 16: a superset of :func:`_signature` and the
+    ints). Per call it reads six pointers, allocates the output (and finds the dynamic kernel's
+    counters for the current stream) and launches, with TMA descriptors cached per pointer as the
+    launcher does; with a Triton launch hook set it takes the full launcher instead."""
+
+    bound: Any
+    plan: _Plan
+    size: tuple[int, int]
+    n_pad: int
+    grid: tuple[int, int]
+    ints: tuple[int, ...]
+    skn: int
+    clean_logits: bool
+
+    def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                 ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+        k, k_scale = kv
+        if hooks_active():  # a profiler's hook sees every launch: Triton's own path
+            return fp8_mqa_logits_gluon(q, k, k_scale, weights, ks, ke, self.clean_logits)
+        plan = self.plan
+        out = torch.empty_strided(self.size, (self.n_pad, 1), dtype=torch.float32, device=plan.device)
+        out_ptrs: tuple[int, ...] = (out.data_ptr(),)
+        if plan.name == "pws":  # the counters are read only by the dynamic kernel
+            sched = _scheduler(plan.device.index, plan.device) if plan.cfg["dynamic"] else out
+            out_ptrs = (out_ptrs[0], sched.data_ptr())
+        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+        _launch_bound(self.bound, plan, self.grid, ptrs, q, k, self.skn, out_ptrs, self.ints)
+        return out
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+            ke: torch.Tensor, clean_logits: bool = True) -> Any:
+    """The :class:`PreparedCall` for calls like this one (the default config), once a call of its
+    signature has bound a launch; the Triton kernel's (``mqa_logits_triton.prepare``) where the config
+    sends the call there; None where such calls do not take the bound launch (a Triton without
+    direct launches, operands that need a copy, an empty output). Arguments as for
+    :func:`fp8_mqa_logits_gluon`, already checked by it on an earlier call."""
+    clean_logits = bool(clean_logits)
+    ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, None, ptrs)
+    plan = _PLANS.get(key)
+    if plan is not None and plan.name == "triton":
+        from .mqa_logits_triton import prepare as prepare_triton
+
+        return prepare_triton(q, k, k_scale, weights, ks, ke, clean_logits)
+    M, N = q.shape[0], k.shape[0]
+    if plan is None or plan.prepare or not plan.direct or not (M and N):
+        return None
+    n_pad = (N + 3) // 4 * 4  # as _new_output
+    grid, ints = _grid(plan, M, N, n_pad)
+    bound = _BOUND.get((key, *map(int_class, ints)))
+    if not bound:
+        return None
+    return PreparedCall(bound, plan, (M, N), n_pad, grid, ints, k.stride(0), clean_logits)
 
 
 def _q_descriptor(q: torch.Tensor, plan: _Plan) -> Any:

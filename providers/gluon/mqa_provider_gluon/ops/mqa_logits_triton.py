@@ -24,7 +24,8 @@ from triton.runtime.driver import driver
 from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
 from ..launch import BoundKernel, bind, direct_launch_unsupported, hooks_active
 
-__all__ = ["TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel"]
+__all__ = ["PreparedCall", "TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel",
+           "prepare"]
 
 #: The output's row stride is rounded up to this many floats, so each row starts 64-byte aligned.
 _ROW_ALIGN = 16
@@ -385,6 +386,30 @@ def _on_device(index: int) -> contextlib.AbstractContextManager[Any]:
     return torch.cuda.device(index)
 
 
+def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+               ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool, config: TritonConfig | None,
+               interpret: bool, ptrs: tuple[int, ...]) -> tuple[Any, ...]:
+    """The key of plans and bound kernels: everything the plan and Triton's specialisation read, except
+    the sizes M and N (the kernel does not specialise on them; the grid is computed per call) and each
+    tensor's data pointer (``ptrs``) beyond its 16-byte alignment."""
+    misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
+    return (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
+            ke.get_device(), interpret, clean_logits, config, q.dtype, k.dtype, k_scale.dtype, weights.dtype,
+            ks.dtype, ke.dtype, q.shape[1], q.shape[2], q.stride(), k.stride(), k_scale.stride(), weights.stride(),
+            ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+
+
+def _grid(plan: _Plan, m: int, n: int) -> tuple[int, int, int]:
+    """(programs, key splits, tiles per split): each block of queries' key tiles cut into enough
+    splits that the programs fill the device."""
+    num_mb = -(-m // plan.cfg.block_m)
+    num_tiles = -(-n // plan.cfg.block_n)
+    splits = max(1, min(num_tiles, -(-plan.programs // num_mb)))
+    tiles_per_split = -(-num_tiles // splits)
+    splits = -(-num_tiles // tiles_per_split)
+    return num_mb * splits, splits, tiles_per_split
+
+
 def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
                           weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
                           clean_logits: bool = True, *, config: TritonConfig | None = None,
@@ -402,18 +427,10 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     """
     interpret = bool(triton.knobs.runtime.interpret)
     clean_logits = bool(clean_logits)
-    m, h, d = q.shape
+    m = q.shape[0]
     n = k.shape[0]
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-    misaligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
-    # Everything the plan and Triton's specialisation read, except the sizes M and N (the kernel
-    # does not specialise on them; the grid is computed per call) and each tensor's data pointer
-    # beyond its 16-byte alignment.
-    qs, kst, sst, wst = q.stride(), k.stride(), k_scale.stride(), weights.stride()
-    key = (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
-           ke.get_device(), interpret, clean_logits, config, q.dtype, k.dtype, k_scale.dtype, weights.dtype,
-           ks.dtype, ke.dtype, h, d, qs, kst, sst, wst, ks.stride(), ke.stride(),
-           misaligned and tuple(p & 15 == 0 for p in ptrs))
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, interpret, ptrs)
     plan = _PLANS.get(key)
     if plan is None:
         if len(set(key[:6])) != 1:
@@ -430,20 +447,13 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
         return out
 
     cfg = plan.cfg
-    num_mb = -(-m // cfg.block_m)
-    num_tiles = -(-n // cfg.block_n)
-    splits = max(1, min(num_tiles, -(-plan.programs // num_mb)))
-    tiles_per_split = -(-num_tiles // splits)
-    splits = -(-num_tiles // tiles_per_split)
-    grid = num_mb * splits
+    grid, splits, tiles_per_split = _grid(plan, m, n)
     row = out.stride(0)
 
     if direct and plan.direct and not (m | n | row) >> 31:
         bound = _BOUND.get(key)
         if bound and not hooks_active():
-            if plan.prepare:
-                qs, kst, sst, wst = q.stride(), k.stride(), k_scale.stride(), weights.stride()
-            strides = (qs, kst[0], sst[0], wst[0])
+            strides = (q.stride(), k.stride(0), k_scale.stride(0), weights.stride(0))
             _launch_bound(bound, plan, grid, ptrs, strides, k, out.data_ptr(), m, n, row, splits, tiles_per_split)
             return out
     k_desc = _k_descriptor(k, cfg, plan.arch) if plan.tma else None
@@ -479,3 +489,57 @@ def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, .
     else:
         with torch.cuda.device(index):
             bound(grid, 1, 1, drv.get_current_stream(index), args)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """The bound launch of one full call signature, with everything that signature fixes (plan,
+    grid, sizes, strides) worked out once: mqa-core's prepared call (its signature holds every
+    tensor's type, shape, strides, dtype, device and start address modulo 16, a superset of
+    :func:`_signature`, plus M and N). Per call it reads six pointers, allocates the output and
+    launches; with the interpreter on or a Triton launch hook set it takes the full launcher (which
+    hands the hook the launch), as :func:`fp8_mqa_logits_triton` would."""
+
+    bound: BoundKernel
+    plan: _Plan
+    size: tuple[int, int]
+    row: int
+    grid: int
+    splits: int
+    tiles_per_split: int
+    #: q's strides, then the row strides of k, k_scale and weights.
+    strides: tuple[Any, ...]
+    clean_logits: bool
+
+    def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                 ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+        k, k_scale = kv
+        if triton.knobs.runtime.interpret or hooks_active():
+            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits)
+        out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=self.plan.device)
+        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+        _launch_bound(self.bound, self.plan, self.grid, ptrs, self.strides, k, out.data_ptr(), *self.size,
+                      self.row, self.splits, self.tiles_per_split)
+        return out
+
+
+def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+            ke: torch.Tensor, clean_logits: bool = True, *, config: TritonConfig | None = None
+            ) -> PreparedCall | None:
+    """The :class:`PreparedCall` for calls like this one, once a call of its signature has bound a
+    launch; None where such calls do not take the bound launch (the interpreter, a Triton without
+    direct launches, ROCm, operands that need a conversion or copy, an empty output, sizes past 32
+    bits). Arguments as for :func:`fp8_mqa_logits_triton`, already checked by it on an earlier call."""
+    if triton.knobs.runtime.interpret:
+        return None
+    clean_logits = bool(clean_logits)
+    ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, False, ptrs)
+    plan, bound = _PLANS.get(key), _BOUND.get(key)
+    m, n = q.shape[0], k.shape[0]
+    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN  # as _new_output
+    if plan is None or not bound or plan.prepare or not plan.direct or not (m and n) or (m | n | row) >> 31:
+        return None
+    grid, splits, tiles_per_split = _grid(plan, m, n)
+    return PreparedCall(bound, plan, (m, n), row, grid, splits, tiles_per_split,
+                        (q.stride(), k.stride(0), k_scale.stride(0), weights.stride(0)), clean_logits)
