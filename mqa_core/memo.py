@@ -16,8 +16,9 @@ Both ops take one path (:meth:`mqa_core.Provider.call`, ``mqa_core.api``): an :c
 differs between them (the signature, the checks, the value checks of ``MQA_VALIDATE=full``, the dtype
 pair a provider is chosen on). A table's entry is the same for both ops and every table: (problem,
 provider, the provider's call prepared for the signature or None; see
-:meth:`mqa_core.Provider.prepare`). Each tensor's start address modulo 16 is part of a signature:
-compiled kernels specialise on 16-byte alignment, so a prepared call may rely on every residue.
+:meth:`mqa_core.Provider.prepare`). Start addresses are not part of a signature (the checks read
+none but the paged cache's modulo 4): reading five more per call would cost every provider, while a
+prepared call that depends on alignment reads its pointers anyway and checks them itself.
 
 Tables belong to the registry's state (the public ops') or to a provider loaded in it (a bound
 provider's), so :func:`mqa_core.reload` drops them. Each holds at most :data:`MAX_SIGNATURES` entries;
@@ -57,14 +58,12 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
     try:
         k, k_scale = kv
         key = (type(kv), type(clean_logits), clean_logits,
-               type(q), q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
-               type(k), k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15,
+               type(q), q.shape, q.stride(), q.dtype, q.device,
+               type(k), k.shape, k.stride(), k.dtype, k.device,
                type(k_scale), k_scale.shape, k_scale.stride(), k_scale.dtype, k_scale.device,
-               k_scale.data_ptr() & 15,
                type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
-               weights.data_ptr() & 15,
-               type(ks), ks.shape, ks.stride(), ks.dtype, ks.device, ks.data_ptr() & 15,
-               type(ke), ke.shape, ke.stride(), ke.dtype, ke.device, ke.data_ptr() & 15)
+               type(ks), ks.shape, ks.stride(), ks.dtype, ks.device,
+               type(ke), ke.shape, ke.stride(), ke.dtype, ke.device)
     except Exception:
         return None, None
     return key, table.get(key)
@@ -73,20 +72,20 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
 def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
                  block_tables: Any, max_context_len: Any, clean_logits: Any) -> tuple[Signature | None, V | None]:
     """As :func:`mqa_recall`, for the paged op (``max_context_len`` is the problem's N, so it is part of
-    the signature)."""
+    the signature; the cache's start address modulo 4 too, since the checks require its float32
+    scales aligned)."""
     if table is None:
         return None, None
     try:
         key = (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
-               type(q), q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+               type(q), q.shape, q.stride(), q.dtype, q.device,
                type(kv_cache), kv_cache.shape, kv_cache.stride(), kv_cache.dtype, kv_cache.device,
-               kv_cache.data_ptr() & 15,
+               kv_cache.data_ptr() & 3,
                type(weights), weights.shape, weights.stride(), weights.dtype, weights.device,
-               weights.data_ptr() & 15,
                type(context_lens), context_lens.shape, context_lens.stride(), context_lens.dtype,
-               context_lens.device, context_lens.data_ptr() & 15,
+               context_lens.device,
                type(block_tables), block_tables.shape, block_tables.stride(), block_tables.dtype,
-               block_tables.device, block_tables.data_ptr() & 15)
+               block_tables.device)
     except Exception:
         return None, None
     return key, table.get(key)

@@ -365,6 +365,11 @@ def test_prepared_call_yields_to_hooks_and_is_none_where_not_bound(host, monkeyp
     assert not host.direct_calls and len(host.launches) == 2 and host.launches[1][:5] == host.launches[0][:5]
     prepared(*inp.args())
     assert len(host.direct_calls) == 1
+    # q 8 bytes past a 16-byte boundary: the same memo signature, another kernel specialisation, so
+    # the prepared call takes the full launcher (which compiles for it and launches through Triton)
+    q8 = torch.empty(inp.q.numel() + 8, dtype=torch.uint8)[8:].view(inp.q.dtype).view(inp.q.shape).copy_(inp.q)
+    prepared(q8, *inp.args()[1:5])
+    assert len(host.direct_calls) == 1 and len(host.launches) == 4 and host.launches[3][4] != host.launches[0][4]
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert op.prepare(*args) is None
 

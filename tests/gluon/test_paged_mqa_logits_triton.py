@@ -297,6 +297,12 @@ def test_prepared_call_yields_to_hooks_the_interpreter_and_what_is_not_bound(sm9
     monkeypatch.setattr(op, "_launch_on", lambda *a: direct.append(a) or real_launch_on(*a))
     prepared(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables)
     assert len(direct) == 1 and len(drv.launches) == 2
+    # q 8 bytes past a 16-byte boundary: the same memo signature, another kernel specialisation, so
+    # the prepared call takes the full launcher (which compiles for it and launches through Triton)
+    q8 = torch.empty(inp.q.numel() + 8, dtype=torch.uint8)[8:].view(inp.q.dtype).view(inp.q.shape).copy_(inp.q)
+    prepared(q8, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables)
+    assert len(direct) == 1 and len(drv.launches) == 3 and drv.launches[2][4] != drv.launches[1][4]
+    drv.launches.pop()
     hook = lambda metadata: None  # noqa: E731
     knobs.runtime.launch_enter_hook.add(hook)
     try:  # Triton's launcher hands the hook to the C launch (here the recorder, which drops it)

@@ -30,7 +30,7 @@ from typing import Any
 from triton import knobs
 
 __all__ = ["DIRECT_TRITON", "BoundKernel", "DirectLaunchUnavailable", "bind", "direct_launch_unsupported",
-           "hooks_active", "int_class"]
+           "hooks_active", "int_class", "residues"]
 
 #: triton releases whose launch internals this module was written and tested against.
 DIRECT_TRITON = ("3.6.",)
@@ -65,6 +65,16 @@ def hooks_active() -> bool:
     """Whether a profiler has registered triton launch hooks (they need triton's own launch path)."""
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     return bool(getattr(enter, "calls", enter) or getattr(leave, "calls", leave))
+
+
+_MOD16 = (15).__and__
+
+
+def residues(ptrs: tuple[int, ...]) -> tuple[int, ...]:
+    """Each address modulo 16: all a compiled kernel may assume of a pointer (Triton specialises on
+    16-byte alignment). A call prepared for one signature serves only addresses with its residues;
+    others take the full launcher, which specialises anew."""
+    return tuple(map(_MOD16, ptrs))
 
 
 def int_class(v: int) -> int:

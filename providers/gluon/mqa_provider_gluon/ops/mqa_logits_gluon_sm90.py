@@ -131,7 +131,7 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     )
     from triton.runtime.driver import driver as _driver
 
-    from ..launch import bind, hooks_active, int_class
+    from ..launch import bind, hooks_active, int_class, residues
 
     _jit, _constexpr_function = gluon.jit, gluon.constexpr_function
     # Sizes and split counts change per call: specialising on them (== 1, % 16) would compile a variant
@@ -993,10 +993,11 @@ def _grid(plan: _Plan, M: int, N: int, n_pad: int) -> tuple[tuple[int, int], tup
 class PreparedCall:
     """The bound launch of one full call signature, with the plan, grid, launch ints and k's row
     stride worked out once: mqa-core's prepared call (its signature holds every tensor's type, shape,
-    strides, dtype, device and start address modulo 16: a superset of :func:`_signature` and the
-    ints). Per call it reads six pointers, allocates the output (and finds the dynamic kernel's
-    counters for the current stream) and launches, with TMA descriptors cached per pointer as the
-    launcher does; with a Triton launch hook set it takes the full launcher instead."""
+    strides, dtype and device; with the start addresses' residues modulo 16, checked per call, that
+    is a superset of :func:`_signature` and the ints). Per call it reads six pointers, allocates the
+    output (and finds the dynamic kernel's counters for the current stream) and launches, with TMA
+    descriptors cached per pointer as the launcher does; with a Triton launch hook set, or pointers
+    of other residues, it takes the full launcher instead."""
 
     bound: Any
     plan: _Plan
@@ -1006,11 +1007,15 @@ class PreparedCall:
     ints: tuple[int, ...]
     skn: int
     clean_logits: bool
+    #: The six start addresses modulo 16 it was prepared for (``launch.residues``).
+    residues: tuple[int, ...]
 
     def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                  ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
         k, k_scale = kv
-        if hooks_active():  # a profiler's hook sees every launch: Triton's own path
+        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+        # a profiler's hook sees every launch (Triton's own path); other alignments, another kernel
+        if hooks_active() or residues(ptrs) != self.residues:
             return fp8_mqa_logits_gluon(q, k, k_scale, weights, ks, ke, self.clean_logits)
         plan = self.plan
         out = torch.empty_strided(self.size, (self.n_pad, 1), dtype=torch.float32, device=plan.device)
@@ -1018,7 +1023,6 @@ class PreparedCall:
         if plan.name == "pws":  # the counters are read only by the dynamic kernel
             sched = _scheduler(plan.device.index, plan.device) if plan.cfg["dynamic"] else out
             out_ptrs = (out_ptrs[0], sched.data_ptr())
-        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
         _launch_bound(self.bound, plan, self.grid, ptrs, q, k, self.skn, out_ptrs, self.ints)
         return out
 
@@ -1046,7 +1050,7 @@ def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: to
     bound = _BOUND.get((key, *map(int_class, ints)))
     if not bound:
         return None
-    return PreparedCall(bound, plan, (M, N), n_pad, grid, ints, k.stride(0), clean_logits)
+    return PreparedCall(bound, plan, (M, N), n_pad, grid, ints, k.stride(0), clean_logits, residues(ptrs))
 
 
 def _q_descriptor(q: torch.Tensor, plan: _Plan) -> Any:

@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.runtime.driver import driver
 
 from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
-from ..launch import BoundKernel, bind, direct_launch_unsupported, hooks_active
+from ..launch import BoundKernel, bind, direct_launch_unsupported, hooks_active, residues
 
 __all__ = ["PreparedCall", "TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel",
            "prepare"]
@@ -495,10 +495,11 @@ def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, .
 class PreparedCall:
     """The bound launch of one full call signature, with everything that signature fixes (plan,
     grid, sizes, strides) worked out once: mqa-core's prepared call (its signature holds every
-    tensor's type, shape, strides, dtype, device and start address modulo 16, a superset of
-    :func:`_signature`, plus M and N). Per call it reads six pointers, allocates the output and
-    launches; with the interpreter on or a Triton launch hook set it takes the full launcher (which
-    hands the hook the launch), as :func:`fp8_mqa_logits_triton` would."""
+    tensor's type, shape, strides, dtype and device; with the start addresses' residues modulo 16,
+    checked per call, that is a superset of :func:`_signature`, plus M and N). Per call it reads six
+    pointers, allocates the output and launches; with the interpreter on, a Triton launch hook set
+    (the hook sees the launch) or pointers of other residues it takes the full launcher, as
+    :func:`fp8_mqa_logits_triton` would."""
 
     bound: BoundKernel
     plan: _Plan
@@ -510,14 +511,16 @@ class PreparedCall:
     #: q's strides, then the row strides of k, k_scale and weights.
     strides: tuple[Any, ...]
     clean_logits: bool
+    #: The six start addresses modulo 16 it was prepared for (``launch.residues``).
+    residues: tuple[int, ...]
 
     def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                  ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
         k, k_scale = kv
-        if triton.knobs.runtime.interpret or hooks_active():
+        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+        if triton.knobs.runtime.interpret or hooks_active() or residues(ptrs) != self.residues:
             return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits)
         out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=self.plan.device)
-        ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
         _launch_bound(self.bound, self.plan, self.grid, ptrs, self.strides, k, out.data_ptr(), *self.size,
                       self.row, self.splits, self.tiles_per_split)
         return out
@@ -542,4 +545,5 @@ def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: to
         return None
     grid, splits, tiles_per_split = _grid(plan, m, n)
     return PreparedCall(bound, plan, (m, n), row, grid, splits, tiles_per_split,
-                        (q.stride(), k.stride(0), k_scale.stride(0), weights.stride(0)), clean_logits)
+                        (q.stride(), k.stride(0), k_scale.stride(0), weights.stride(0)), clean_logits,
+                        residues(ptrs))

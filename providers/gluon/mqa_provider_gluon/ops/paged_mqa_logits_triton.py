@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from ..fp8 import e4m3fn_to_e4m3fnuz, wants_fnuz
-from ..launch import bind, direct_launch_unsupported, hooks_active
+from ..launch import bind, direct_launch_unsupported, hooks_active, residues
 from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 3.6, shared
 
 __all__ = ["PagedConfig", "PreparedCall", "VARIANTS", "compile_for", "default_config",
@@ -717,12 +717,12 @@ def _stream(index: int | None) -> int:
 class PreparedCall:
     """The launch of one full call signature, with everything that signature fixes worked out once.
 
-    Valid for any call whose tensors have the types, shapes, strides, dtypes and device, and whose
-    start addresses have the residues modulo 16, of the call it was prepared from, with the same
-    ``max_context_len`` and ``clean_logits`` (``mqa_core.memo``'s paged signature, which is a
-    superset of :func:`_signature`). Per call it reads five pointers, allocates the output and
-    launches; with the interpreter on or a Triton launch hook set it takes the full path instead
-    (which hands the hook the launch), as :func:`fp8_paged_mqa_logits_triton` would.
+    Valid for any call whose tensors have the types, shapes, strides, dtypes and device of the call
+    it was prepared from, with the same ``max_context_len`` and ``clean_logits`` (``mqa_core.memo``'s
+    paged signature); with the start addresses' residues modulo 16, checked per call, that is a
+    superset of :func:`_signature`. Per call it reads five pointers, allocates the output and
+    launches; with the interpreter on, a Triton launch hook set (the hook sees the launch) or
+    pointers of other residues it takes the full path, as :func:`fp8_paged_mqa_logits_triton` would.
     """
 
     launch: _Launch
@@ -736,23 +736,26 @@ class PreparedCall:
     shape: _Shape
     max_context_len: int
     clean_logits: bool
+    #: The five start addresses modulo 16 it was prepared for (``launch.residues``).
+    residues: tuple[int, ...]
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-        if triton.knobs.runtime.interpret or hooks_active():
+        ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(),
+                block_tables.data_ptr())
+        if triton.knobs.runtime.interpret or hooks_active() or residues(ptrs) != self.residues:
             return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables,
                                                self.max_context_len, self.clean_logits)
         out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=q.device)
         launch = self.launch
-        kv_ptr = kv_cache.data_ptr()
+        kv_ptr = ptrs[1]
         if launch.tma:
             desc = launch.bound.descriptor((0, kv_ptr, self.num_blocks), lambda: _kv_descriptor(
                 kv_cache, q.dtype, self.shape))
         else:
             desc = (None,)
         _launch_on(launch.bound, launch.programs, self.index,
-                   (q.data_ptr(), kv_ptr, *desc, weights.data_ptr(), context_lens.data_ptr(),
-                    block_tables.data_ptr(), out.data_ptr(), *self.tail))
+                   (ptrs[0], kv_ptr, *desc, *ptrs[2:], out.data_ptr(), *self.tail))
         return out
 
 
@@ -773,8 +776,10 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, cont
     row = -(-max_context_len // _ROW_ALIGN) * _ROW_ALIGN  # as _new_output
     covered = min(max_context_len, block_tables.shape[1] * block_size)
     tail = (b, max_context_len, covered, num_blocks, launch.programs, *launch.strides, row, *launch.constexprs)
+    ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr())
     return PreparedCall(launch, (b * next_n, max_context_len), row, num_blocks, q.device.index, tail,
-                        _Shape(next_n, h, d, block_size, launch.tile), max_context_len, clean_logits)
+                        _Shape(next_n, h, d, block_size, launch.tile), max_context_len, clean_logits,
+                        residues(ptrs))
 
 
 def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> None:
