@@ -108,6 +108,21 @@ PAGED_B, PAGED_H, PAGED_CTX, PAGED_BLOCK = 32, 64, 4096, 64
 PAGED_CASES = ((2, True), (2, False), (1, True), (1, False))  # (next_n, 2-D context_lens)
 
 
+def start(a: argparse.Namespace, cpu_stage: Callable[[ExitStack], None], cpu_calls: int
+          ) -> tuple[ExitStack, str, Callable[[], None], int] | None:
+    """(the stack to run under, device, wait for it, calls per round): the CPU after
+    ``cpu_stage(stack)`` with ``--cpu``, else the GPU; None, having said why, when there is no GPU."""
+    stack = ExitStack()
+    calls = a.calls or (cpu_calls if a.cpu else 500)
+    if a.cpu:
+        cpu_stage(stack)
+        return stack, "cpu", lambda: None, calls
+    if not torch.cuda.is_available():
+        print("no CUDA device: run with --cpu here")
+        return None
+    return stack, "cuda", torch.cuda.synchronize, calls
+
+
 def cpu_paged_stage(stack: ExitStack) -> None:
     """The paged op's GPU path on CPU tensors: an sm_90 device of 132 SMs, stream 0, no device switch,
     the host-only driver with a no-op C launch; the core's arch lookup answers sm_90."""
@@ -171,16 +186,10 @@ def main_paged(a: argparse.Namespace) -> int:
     from mqa_core.bench.host import host_costs
     from mqa_core.testing.providers import environment
 
-    calls = a.calls or (1000 if a.cpu else 500)
-    stack = ExitStack()
-    if a.cpu:
-        cpu_paged_stage(stack)
-        device, wait = "cpu", lambda: None
-    else:
-        if not torch.cuda.is_available():
-            print("no CUDA device: run with --cpu here")
-            return 2
-        device, wait = "cuda", torch.cuda.synchronize
+    started = start(a, cpu_paged_stage, cpu_calls=1000)
+    if started is None:
+        return 2
+    stack, device, wait, calls = started
     table: dict[str, dict[str, float]] = {}
     with stack, environment(MQA_PROVIDER="triton"):
         for next_n, lens_2d in PAGED_CASES:
@@ -267,16 +276,10 @@ def main() -> int:
     from mqa_core.bench.host import host_costs
     from mqa_core.testing.providers import environment
 
-    calls = a.calls or (2000 if a.cpu else 500)
-    stack = ExitStack()
-    if a.cpu:
-        cpu_prefill_stage(stack)
-        device, wait = "cpu", lambda: None
-    else:
-        if not torch.cuda.is_available():
-            print("no CUDA device: run with --cpu here")
-            return 2
-        device, wait = "cuda", torch.cuda.synchronize
+    started = start(a, cpu_prefill_stage, cpu_calls=2000)
+    if started is None:
+        return 2
+    stack, device, wait, calls = started
     q, k, k_scale, w, ks, ke = inputs(device)
     rows: dict[str, Callable[[], Any]] = {}
     try:
