@@ -4,8 +4,6 @@ Providers are separate distributions that register a :class:`ProviderSpec` throu
 ``mqa_core.providers`` entry point group; see ``docs/writing-a-provider.md`` and ``docs/hooks.md``.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from .api import explain, fp8_mqa_logits, fp8_paged_mqa_logits, get_provider, reload
 from .arch import KNOWN_ARCHS, detect_arch, normalize_arch
 from .decision import Candidate, Decision
@@ -17,10 +15,20 @@ from .settings import env_positive_number
 from .spec import DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
 from .tuning import TuningTable, load_tuning
 
-try:
-    __version__ = version("mqa-core")
-except PackageNotFoundError:  # a source tree on sys.path, not installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> str:
+    """``__version__`` on first use: reading the installed metadata costs about 1 ms, which an
+    ``import mqa_core`` on a serving process's path should not pay."""
+    if name != "__version__":
+        raise AttributeError(f"module 'mqa_core' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("mqa-core")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        value = "0+unknown"
+    globals()["__version__"] = value
+    return value
 
 __all__ = [
     "BrokenPlugin",
