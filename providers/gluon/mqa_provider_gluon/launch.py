@@ -70,11 +70,13 @@ def hooks_active() -> bool:
 _MOD16 = (15).__and__
 
 
-def residues(ptrs: tuple[int, ...]) -> tuple[int, ...]:
-    """Each address modulo 16: all a compiled kernel may assume of a pointer (Triton specialises on
-    16-byte alignment). A call prepared for one signature serves only addresses with its residues;
-    others take the full launcher, which specialises anew."""
-    return tuple(map(_MOD16, ptrs))
+def residues(ptrs: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Each address modulo 16, or None when all are 0 (the common case, which a caller tests with one
+    ``(p0 | p1 | ...) & 15`` instead of building this tuple per call): all a compiled kernel may assume
+    of a pointer (Triton specialises on 16-byte alignment). A call prepared for one signature serves
+    only addresses with its residues; others take the full launcher, which specialises anew."""
+    found = tuple(map(_MOD16, ptrs))
+    return found if any(found) else None
 
 
 def int_class(v: int) -> int:

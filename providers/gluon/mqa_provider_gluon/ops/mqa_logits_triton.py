@@ -511,14 +511,16 @@ class PreparedCall:
     #: q's strides, then the row strides of k, k_scale and weights.
     strides: tuple[Any, ...]
     clean_logits: bool
-    #: The six start addresses modulo 16 it was prepared for (``launch.residues``).
-    residues: tuple[int, ...]
+    #: The six start addresses modulo 16 it was prepared for (``launch.residues``; None: all 0).
+    residues: tuple[int, ...] | None
 
     def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                  ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
         k, k_scale = kv
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-        if triton.knobs.runtime.interpret or hooks_active() or residues(ptrs) != self.residues:
+        if triton.knobs.runtime.interpret or hooks_active() or (
+                (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15 if self.residues is None
+                else residues(ptrs) != self.residues):
             return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits)
         out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=self.plan.device)
         _launch_bound(self.bound, self.plan, self.grid, ptrs, self.strides, k, out.data_ptr(), *self.size,

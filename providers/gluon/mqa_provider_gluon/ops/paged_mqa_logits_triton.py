@@ -736,14 +736,16 @@ class PreparedCall:
     shape: _Shape
     max_context_len: int
     clean_logits: bool
-    #: The five start addresses modulo 16 it was prepared for (``launch.residues``).
-    residues: tuple[int, ...]
+    #: The five start addresses modulo 16 it was prepared for (``launch.residues``; None: all 0).
+    residues: tuple[int, ...] | None
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
         ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(),
                 block_tables.data_ptr())
-        if triton.knobs.runtime.interpret or hooks_active() or residues(ptrs) != self.residues:
+        if triton.knobs.runtime.interpret or hooks_active() or (
+                (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
+                else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables,
                                                self.max_context_len, self.clean_logits)
         out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=q.device)
