@@ -34,7 +34,8 @@ answers sm_90 for the CPU tensors (so the gluon and triton providers are chosen 
 the H200). The table comes last; JSON rows go to ``$OUT/h200_launch.json``.
 
 Paged (``--paged``): the decode op on B=32, H=64, D=128, 64-token blocks, contexts up to 4096, for
-next_n in {2, 1} with 2-D and 1-D context lengths, clean_logits=True. Rows, outermost first:
+next_n in {2, 1} with 2-D and 1-D context lengths, clean_logits=False (DeepGEMM's only mode with
+2-D lengths; ``PAGED_CLEAN``). Rows, outermost first:
 ``api`` (``mqa_core.fp8_paged_mqa_logits`` under ``MQA_PROVIDER=triton``), ``provider``
 (``Provider.fp8_paged_mqa_logits`` of ``get_provider(op="fp8_paged_mqa_logits")`` for triton),
 ``kernel object`` (``kernels.TRITON.fp8_paged_mqa_logits``), ``kernel``
@@ -106,6 +107,9 @@ def check(out: torch.Tensor, ref: torch.Tensor, name: str) -> None:
 #: The paged shape class (issue 11's typical decode step) and the cases timed on it.
 PAGED_B, PAGED_H, PAGED_CTX, PAGED_BLOCK = 32, 64, 4096, 64
 PAGED_CASES = ((2, True), (2, False), (1, True), (1, False))  # (next_n, 2-D context_lens)
+#: DeepGEMM (54e2261) passes context lengths to its kernel as 2-D always and then refuses to clean
+#: (``attention.hpp:398``): every row of the paged table runs without the clean pass, like engines call it.
+PAGED_CLEAN = False
 
 
 def start(a: argparse.Namespace, cpu_stage: Callable[[ExitStack], None], cpu_calls: int
@@ -162,10 +166,10 @@ def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[]
     api_fn, provider_fn = mqa_core.fp8_paged_mqa_logits, provider.fp8_paged_mqa_logits
     object_fn = kernels.TRITON.fp8_paged_mqa_logits
     rows: dict[str, Callable[[], Any]] = {
-        "api": lambda: api_fn(*args, clean_logits=True),
-        "provider": lambda: provider_fn(*args, clean_logits=True),
-        "kernel object": lambda: object_fn(*args, clean_logits=True),
-        "kernel": lambda: fp8_paged_mqa_logits_triton(*args, True),
+        "api": lambda: api_fn(*args, clean_logits=PAGED_CLEAN),
+        "provider": lambda: provider_fn(*args, clean_logits=PAGED_CLEAN),
+        "kernel object": lambda: object_fn(*args, clean_logits=PAGED_CLEAN),
+        "kernel": lambda: fp8_paged_mqa_logits_triton(*args, PAGED_CLEAN),
     }
     if device != "cpu":
         try:
@@ -173,7 +177,7 @@ def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[]
 
             meta = deep_gemm.get_paged_mqa_logits_metadata(x.context_lens, PAGED_BLOCK, deep_gemm.get_num_sms())
             rows["deepgemm"] = lambda: deep_gemm.fp8_paged_mqa_logits(x.q, x.kv_cache, x.weights, x.context_lens,
-                                                                       x.block_tables, meta, n, True)
+                                                                       x.block_tables, meta, n, PAGED_CLEAN)
         except Exception as exc:
             print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
     m = PAGED_B * next_n
@@ -215,7 +219,8 @@ def main_paged(a: argparse.Namespace) -> int:
             json.dump({"meta": meta, "host_us": table}, f, indent=1)
     names = list(next(iter(table.values())))
     print(f"\n{meta['date']}  {meta['device']} ({meta['mode']})  torch {meta['torch']}  triton {meta['triton']}  "
-          f"paged B={PAGED_B} H={PAGED_H} D={D} context {PAGED_CTX} block {PAGED_BLOCK} clean  "
+          f"paged B={PAGED_B} H={PAGED_H} D={D} context {PAGED_CTX} block {PAGED_BLOCK} "
+          f"{'clean' if PAGED_CLEAN else 'no clean'}  "
           f"({calls} calls x {a.rounds} rounds, median host us/call; direct launches {meta['direct']})")
     print(f"{'case':<20}" + "".join(f"{n:>15}" for n in names))
     for case, row in table.items():

@@ -15,7 +15,7 @@ python -c "import deep_gemm; print('deep_gemm', deep_gemm.__version__)" 2>&1 | t
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
 
 stamp "correctness: pytest -m cuda and mqa check, side by side"
-timeout "${T_PYTEST:-130}" python -m pytest -v -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
+timeout "${T_PYTEST:-200}" python -m pytest -v -m cuda tests -p no:cacheprovider >"$RUN/pytest.log" 2>&1 &
 pytest_pid=$!
 timeout "${T_CHECK:-130}" mqa check --device cuda --provider gluon --provider triton --provider deepgemm \
   -k "not large_index" >"$RUN/check.log" 2>&1 &

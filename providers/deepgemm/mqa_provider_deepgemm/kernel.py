@@ -119,8 +119,8 @@ class DeepGEMMKernel:
     # -- decode (paged) ----------------------------------------------------------------------------
     def _lens_2d(self, lens: torch.Tensor, next_n: int, limit: int) -> torch.Tensor:
         """[B, next_n] int32, contiguous: what row (b, j) sees, clamped to [0, limit]."""
-        if lens.dim() == 2:
-            return lens.clamp(0, limit)
+        if lens.dim() == 2:  # clamp keeps a transposed tensor's strides; DeepGEMM asserts contiguity
+            return lens.clamp(0, limit).contiguous()
         if next_n == 1:
             return lens.clamp(0, limit).view(-1, 1)
         key = (next_n, lens.device)
