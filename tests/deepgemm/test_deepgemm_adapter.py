@@ -172,6 +172,21 @@ def test_paged_arbitrary_2d_lengths(deep_gemm, lens, clean_logits):
                 clean=clean_logits)
 
 
+@pytest.mark.parametrize("next_n", [1, 2, 4])
+def test_paged_transposed_2d_lengths_reach_deepgemm_contiguous(deep_gemm, next_n):
+    # DeepGEMM asserts context_lens.is_contiguous() (attention.hpp:206); a clone keeps a transposed
+    # tensor's strides, so the kit's transposed layout failed on the H200 (2026-12-02) until the adapter
+    # made the lengths contiguous.
+    deep_gemm("fp8_fp4")
+    b = 3
+    lens = (torch.arange(b * next_n, dtype=torch.int32).view(next_n, b) * 37 % 290 + 5).t()
+    assert not lens.is_contiguous() or next_n == 1
+    x = replace(_paged(b, next_n, 32, 64, 300, seed=13), context_lens=lens)
+    out = _deepgemm_as("sm_90").fp8_paged_mqa_logits(*x.args(), clean_logits=True)
+    assert all(c["context_lens"].is_contiguous() for c in _calls())
+    check_paged(out, x, _case("fp8_paged_mqa_logits", "transposed", Problem(b * next_n, 300, 32, 64)), clean=True)
+
+
 @pytest.mark.parametrize("generation", ["fp8_fp4", "legacy"])
 def test_paged_strided_page_pool_passes_through(deep_gemm, generation):
     deep_gemm(generation)
