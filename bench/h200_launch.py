@@ -175,8 +175,11 @@ def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[]
         try:
             import deep_gemm
 
-            meta = deep_gemm.get_paged_mqa_logits_metadata(x.context_lens, PAGED_BLOCK, deep_gemm.get_num_sms())
-            rows["deepgemm"] = lambda: deep_gemm.fp8_paged_mqa_logits(x.q, x.kv_cache, x.weights, x.context_lens,
+            # DeepGEMM 54e2261 takes 2-D lengths only (attention.hpp:200): 1-D ones become what each row sees
+            lens = x.context_lens if x.context_lens.dim() == 2 else (
+                x.context_lens[:, None] + torch.arange(1 - next_n, 1, device=device, dtype=torch.int32)).contiguous()
+            meta = deep_gemm.get_paged_mqa_logits_metadata(lens, PAGED_BLOCK, deep_gemm.get_num_sms())
+            rows["deepgemm"] = lambda: deep_gemm.fp8_paged_mqa_logits(x.q, x.kv_cache, x.weights, lens,
                                                                        x.block_tables, meta, n, PAGED_CLEAN)
         except Exception as exc:
             print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
@@ -217,14 +220,14 @@ def main_paged(a: argparse.Namespace) -> int:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "h200_launch_paged.json"), "w") as f:
             json.dump({"meta": meta, "host_us": table}, f, indent=1)
-    names = list(next(iter(table.values())))
+    names = list(dict.fromkeys(n for row in table.values() for n in row))
     print(f"\n{meta['date']}  {meta['device']} ({meta['mode']})  torch {meta['torch']}  triton {meta['triton']}  "
           f"paged B={PAGED_B} H={PAGED_H} D={D} context {PAGED_CTX} block {PAGED_BLOCK} "
           f"{'clean' if PAGED_CLEAN else 'no clean'}  "
           f"({calls} calls x {a.rounds} rounds, median host us/call; direct launches {meta['direct']})")
     print(f"{'case':<20}" + "".join(f"{n:>15}" for n in names))
     for case, row in table.items():
-        print(f"{case:<20}" + "".join(f"{row[n]:>15.1f}" for n in names))
+        print(f"{case:<20}" + "".join(f"{row[n]:>15.1f}" if n in row else f"{'-':>15}" for n in names))
     return 0
 
 
