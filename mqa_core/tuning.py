@@ -1,8 +1,17 @@
 """Measured selection: a stamped table of per-shape-bucket timings (``mqa tune``) and how selection uses it.
 
 ``MQA_TUNING=FILE`` makes selection take, for a problem's bucket, the fastest measured provider among
-those usable for the request; outside the table's buckets (or when none of its measured providers is
-usable) the priority rule decides as usual. An explicit ``MQA_PROVIDER`` still wins over the table.
+those usable for the request, unless its lead is within the table's noise ``margin``; outside the
+table's buckets (or when none of its measured providers is usable) the priority rule decides as usual.
+An explicit ``MQA_PROVIDER`` still wins over the table.
+
+The margin (top-level ``"margin"``, a fraction in [0, 1), default 0.05; ``mqa tune --margin``): among
+the usable measured providers, let F be the fastest (time tF) and P the first by priority (tP). P is
+kept when tP <= tF * (1 + margin), else F is taken. Why: a lead of a few percent on ~30 us calls is
+timing noise, and the priority order is the project's prior measured over many shapes; on an H200 a
+2% lead of triton over gluon in one bucket picked triton, which was 14% slower on another shape of the
+same bucket. ``margin = 0`` takes the fastest (an exact tie keeps P). :meth:`Entry.pick` is the rule;
+selection's choice and its load order both come from it, so they always agree.
 
 A bucket is (op, H, D, next_n) with power-of-two ranges of M and N, written out as ``[lo, hi)`` in the
 file so a reader needs no code to look a shape up:
@@ -42,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("mqa_core")
 
 SCHEMA = "mqa-tuning/1"
+#: A measured lead up to this fraction does not override the priority order (timing noise); see above.
+DEFAULT_MARGIN = 0.05
 PREFILL, PAGED = OPS
 BUCKETS_DOC = ("A problem uses the entry with its op, H, D (and next_n for decode, when known) whose "
                "ranges [lo, hi) contain its M and N. Prefill: M = query tokens, N = keys. Decode: M = "
@@ -153,6 +164,16 @@ class Entry:
     def times_text(self) -> str:
         return ", ".join(f"{n} {self.times_ms[n]:.4g} ms" for n in self.ranking)
 
+    def pick(self, usable: Sequence[str], margin: float) -> Pick | None:
+        """The margin rule over ``usable`` (priority order); None when none of them is measured here."""
+        times = {n: t for n in usable if (t := self.times_ms.get(n)) is not None}
+        if not times:
+            return None
+        first = next(iter(times))
+        fastest = min(times, key=lambda n: (times[n], n))  # as in ranking: time, then name
+        kept = times[first] <= times[fastest] * (1 + margin)
+        return Pick(first if kept else fastest, fastest, first, times[first] / times[fastest] - 1, margin)
+
     def to_dict(self) -> dict[str, Any]:
         b = self.bucket
         return {"op": b.op, "h": b.h, "d": b.d, "next_n": b.next_n, "m": list(b.m), "n": list(b.n),
@@ -163,6 +184,29 @@ class Entry:
     def from_dict(cls, d: Mapping[str, Any]) -> Entry:
         bucket = Bucket(d["op"], d["h"], d["d"], tuple(d["m"]), tuple(d["n"]), d.get("next_n"))  # type: ignore[arg-type]
         return cls(bucket, d["times_ms"], d.get("status", {}), tuple(d.get("shapes", ())))
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One bucket's choice: the fastest usable measured provider, the first by priority, the pick.
+
+    :param lead: how much faster ``fastest`` is than ``first``, as a fraction of its time (tP / tF - 1).
+    """
+
+    chosen: str
+    fastest: str
+    first: str
+    lead: float
+    margin: float
+
+    @property
+    def kept(self) -> bool:
+        """Whether the priority provider was kept over a faster one (its lead within the margin)."""
+        return self.chosen != self.fastest
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f}%"
 
 
 def _merge_next_n(entries: Sequence[Entry]) -> Entry:
@@ -263,9 +307,15 @@ class TuningTable:
     path: str = ""
     #: Free-form provenance (date, command, commit): written and read back, never interpreted.
     info: Mapping[str, Any] = field(default_factory=dict)
+    #: A measured lead up to this fraction keeps the priority provider (see the module docstring).
+    margin: float = DEFAULT_MARGIN
     _index: Mapping[BucketKey, Entry] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        m = self.margin
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+            raise ValueError(f"margin must be a number in [0, 1) (a fraction: 0.05 = 5%), got {m!r}")
+        object.__setattr__(self, "margin", float(m))
         object.__setattr__(self, "entries", tuple(self.entries))
         index: dict[BucketKey, Entry] = {}
         for e in self.entries:
@@ -287,15 +337,16 @@ class TuningTable:
         return self._index.get(key_of(op, problem))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "stamp": self.stamp.to_dict(), **dict(self.info), "buckets": BUCKETS_DOC,
-                "entries": [e.to_dict() for e in self.entries]}
+        return {"schema": SCHEMA, "stamp": self.stamp.to_dict(), "margin": self.margin, **dict(self.info),
+                "buckets": BUCKETS_DOC, "entries": [e.to_dict() for e in self.entries]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "") -> TuningTable:
         if d.get("schema") != SCHEMA:
             raise ValueError(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}")
-        info = {k: v for k, v in d.items() if k not in ("schema", "stamp", "entries", "buckets")}
-        return cls(Stamp.from_dict(d["stamp"]), tuple(Entry.from_dict(e) for e in d["entries"]), path, info)
+        info = {k: v for k, v in d.items() if k not in ("schema", "stamp", "margin", "entries", "buckets")}
+        return cls(Stamp.from_dict(d["stamp"]), tuple(Entry.from_dict(e) for e in d["entries"]), path, info,
+                   d.get("margin", DEFAULT_MARGIN))  # tables written before the margin: the default
 
     def write(self, path: str) -> None:
         with open(path, "w") as f:
@@ -374,32 +425,51 @@ class Tuning:
 
     def order(self, arch: str, op: str, problem: Problem | None,
               plan: tuple[ProviderSpec, ...]) -> tuple[ProviderSpec, ...]:
-        """``plan`` (usable specs, priority order) with the measured ones first, fastest first."""
+        """``plan`` (usable specs, priority order) as the table ranks it: :meth:`Entry.pick` first, then
+        the pick among the rest, and so on; unmeasured specs last, in plan order.
+
+        Picking again among the rest (rather than sorting the rest by time) keeps this order equal to
+        :meth:`choose`'s answer when the loader skips a spec (its shape limits, a failed import), since
+        the decision then sees the same set less that spec.
+        """
         entry = self.entry(arch, op, problem)
         if entry is None:
             return plan
-        ranking = entry.ranking
-        ranked = [s for name in ranking for s in plan if s.name == name]
-        return tuple(ranked + [s for s in plan if s.name not in ranking]) if ranked else plan
+        out: list[ProviderSpec] = []
+        rest = list(plan)
+        while (p := entry.pick([s.name for s in rest], self.table.margin)) is not None:
+            out += [s for s in rest if s.name == p.chosen]
+            rest = [s for s in rest if s.name != p.chosen]
+        return tuple(out + rest)
 
     def choose(self, arch: str, op: str, problem: Problem | None,
                accepted: Iterable[str]) -> tuple[str | None, str] | None:
-        """For :func:`mqa_core.select.decide`: (the fastest usable measured provider, why), or
-        (None, a note for the priority rule's why), or None when the table has nothing to say."""
+        """For :func:`mqa_core.select.decide`: (the pick among the usable providers, why), or (None, a
+        note for the priority rule's why), or None when the table has nothing to say.
+
+        ``accepted`` comes in priority order; the pick is :meth:`Entry.pick` with the table's margin.
+        """
         entry = self.entry(arch, op, problem)
+        path = self.table.path
         if entry is None:
             if problem is not None and self.applies(arch, problem):
-                return None, f"{self.table.path} has no entry for bucket {Bucket.of(op, problem)}"
+                return None, f"{path} has no entry for bucket {Bucket.of(op, problem)}"
             return None
-        usable = set(accepted)
-        for name in entry.ranking:
-            if name in usable:
-                first = entry.ranking[0]
-                passed = "" if name == first else f" ({', '.join(entry.ranking[:entry.ranking.index(name)])} " \
-                                                  "not usable here)"
-                return name, (f"fastest measured usable provider{passed} in {self.table.path} for bucket "
-                              f"{entry.bucket}: {entry.times_text()}")
-        return None, f"{self.table.path} measured none of the usable providers for bucket {entry.bucket}"
+        usable = list(accepted)
+        p = entry.pick(usable, self.table.margin)
+        if p is None:
+            return None, f"{path} measured none of the usable providers for bucket {entry.bucket}"
+        faster = entry.ranking[:entry.ranking.index(p.fastest)]
+        passed = f" ({', '.join(faster)} not usable here)" if faster else ""
+        where = f"in {path} for bucket {entry.bucket}: {entry.times_text()}"
+        margin = f"the table's {p.margin * 100:g}% margin"
+        if p.kept:
+            return p.chosen, (f"{p.chosen} (priority) kept: {p.fastest}'s lead {_pct(p.lead)} is within "
+                              f"{margin}{passed}; measured {where}")
+        if p.fastest == p.first:  # no margin question: the fastest is also first by priority
+            return p.chosen, f"fastest measured usable provider{passed} {where}"
+        return p.chosen, (f"fastest measured usable provider{passed}: its lead {_pct(p.lead)} over {p.first} "
+                          f"(priority) exceeds {margin}; measured {where}")
 
 
 def from_setting(path: str | None) -> Tuning | None:

@@ -31,7 +31,9 @@ def tuned(tmp_path_factory) -> Path:
             "--out", "t.json", cwd=where)
     assert r.returncode == 0, r.stderr
     assert "wrote t.json: use it with MQA_TUNING=t.json" in r.stdout
-    assert "wins: " in r.stdout and "[########################] 8/8" in r.stderr  # summary, progress
+    assert "picks: " in r.stdout and "[########################] 8/8" in r.stderr  # summary, progress
+    assert "first by priority (torch_ref, example_chunked) when the fastest leads it by at most the " \
+           "table's 5% margin" in r.stdout
     return where / "t.json"
 
 
@@ -44,6 +46,7 @@ def test_tune_writes_a_stamped_table_with_every_provider_in_every_bucket(tuned):
     assert stamp["providers"] == {"torch_ref": "mqa-provider-torch-ref",
                                   "example_chunked": "mqa-provider-example-chunked"}
     assert data["arguments"]["timing"] == "interleaved"  # the providers of a shape timed in the same rounds
+    assert data["margin"] == 0.05  # --margin's default, written for selection
     assert len(data["entries"]) == 4
     for e in data["entries"]:
         assert set(e["times_ms"]) == set(e["status"]) == {"torch_ref", "example_chunked"}
@@ -68,7 +71,8 @@ def test_explain_follows_the_table(tuned, tmp_path):
     data = json.loads(tuned.read_text())
     big = next(e for e in data["entries"] if e["op"] == "fp8_mqa_logits" and e["m"] == [256, 512])
     d = _explain("300,1100,32,128", tuned)
-    assert d["chosen"] == big["winner"]
+    t = big["times_ms"]  # torch_ref is first by priority: kept unless example_chunked leads by > 5%
+    assert d["chosen"] == ("torch_ref" if t["torch_ref"] <= t["example_chunked"] * 1.05 else "example_chunked")
     assert str(tuned) in d["why"] and "ms" in d["why"]
     # The same file with the other provider measured faster: the choice follows the numbers.
     big["times_ms"] = {"torch_ref": 9.0, "example_chunked": 1.0}
@@ -84,14 +88,45 @@ def test_explain_follows_the_table(tuned, tmp_path):
 
 def test_the_same_file_gives_the_same_choice_in_every_process(tuned, tmp_path):
     data = json.loads(tuned.read_text())
-    for e in data["entries"]:  # a tie, broken by name in every process
+    for e in data["entries"]:  # a tie: within any margin, so priority decides in every process
         e["times_ms"] = {k: (1.0 if v is not None else None) for k, v in e["times_ms"].items()}
     tie = tmp_path / "tie.json"
     tie.write_text(json.dumps(data))
     seen = {(d["chosen"], d["why"]) for d in (_explain("100,300,32,128", tie) for _ in range(3))}
-    assert seen == {("example_chunked", f"fastest measured usable provider in {tie} for bucket fp8_mqa_logits "
-                                         "H=32 D=128 M in [64, 128) N in [256, 512): example_chunked 1 ms, "
-                                         "torch_ref 1 ms")}
+    assert seen == {("torch_ref", f"torch_ref (priority) kept: example_chunked's lead 0.0% is within the table's "
+                                  f"5% margin; measured in {tie} for bucket fp8_mqa_logits H=32 D=128 M in "
+                                  "[64, 128) N in [256, 512): example_chunked 1 ms, torch_ref 1 ms")}
+
+
+def test_the_margin_in_the_file_decides_in_a_fresh_process(tuned, tmp_path):
+    data = json.loads(tuned.read_text())
+    big = next(e for e in data["entries"] if e["op"] == "fp8_mqa_logits" and e["m"] == [256, 512])
+    big["times_ms"] = {"torch_ref": 1.1, "example_chunked": 1.0}  # a 10% lead
+    for margin, expect in ((0.05, "example_chunked"), (0.2, "torch_ref"), (0, "example_chunked")):
+        data["margin"] = margin
+        path = tmp_path / f"m{margin}.json"
+        path.write_text(json.dumps(data))
+        d = _explain("300,1100,32,128", path)
+        assert d["chosen"] == expect, d
+        assert f"the table's {margin * 100:g}% margin" in d["why"]
+    data["margin"] = 1.5
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = mqa("explain", "--arch", "cpu", "--shape", "300,1100,32,128", env={"MQA_TUNING": str(bad)})
+    assert r.returncode != 0 and f"invalid tuning table {bad}: margin must be a number in [0, 1)" in r.stderr
+
+
+def test_tune_writes_the_margin_and_help_says_why(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    assert main(["tune", "--device", "cpu", "--providers", "torch_ref,example_chunked", "--shapes",
+                 "prefill:32,64,32,128", "--repeat", "1", "--warmup", "0", "--margin", "0.125",
+                 "--out", str(out)]) == 0
+    assert load_tuning(str(out)).margin == json.loads(out.read_text())["margin"] == 0.125
+    assert "table's 12.5% margin (--margin" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--margin FRACTION" in text and "within timing noise must not override the priority order" in text
 
 
 def test_a_stamp_from_elsewhere_is_ignored_with_one_warning(tuned, tmp_path):
@@ -115,6 +150,8 @@ def test_a_stamp_from_elsewhere_is_ignored_with_one_warning(tuned, tmp_path):
     (["--providers", "nope"], "provider 'nope' is not installed"),
     (["--device", "banana"], "--device 'banana' is not a torch device"),
     (["--repeat", "0"], "--repeat must be >= 1"),
+    (["--margin", "1"], "--margin must be a fraction in [0, 1) (0.05 = 5%), got 1"),
+    (["--margin", "-0.1"], "--margin must be a fraction in [0, 1)"),
 ])
 def test_user_errors_are_one_line(capsys, tmp_path, args, says):
     assert main(["tune", "--device", "cpu", "--out", str(tmp_path / "x.json"), *args]) == 2

@@ -15,6 +15,7 @@ from mqa_core.select import decide
 from mqa_core.settings import Settings
 from mqa_core.testing.providers import environment
 from mqa_core.tuning import (
+    DEFAULT_MARGIN,
     SCHEMA,
     Bucket,
     Entry,
@@ -38,8 +39,8 @@ def entry(op="fp8_mqa_logits", h=32, d=128, m=(256, 512), n=(1024, 2048), next_n
     return Entry(Bucket(op, h, d, m, n, next_n), times, {k: "ok" if v else "wrong: x" for k, v in times.items()})
 
 
-def write(path, entries, stamp=None) -> str:
-    TuningTable(stamp or here(), tuple(entries)).write(str(path))
+def write(path, entries, stamp=None, margin=DEFAULT_MARGIN) -> str:
+    TuningTable(stamp or here(), tuple(entries), margin=margin).write(str(path))
     return str(path)
 
 
@@ -127,6 +128,29 @@ def test_invalid_files_name_the_file(tmp_path, content, says):
     assert str(path) in str(info.value)
 
 
+def test_the_margin_is_written_read_back_and_defaults_for_older_tables(tmp_path):
+    path = write(tmp_path / "t.json", [entry(torch_ref=2.0)], margin=0.125)
+    assert json.load(open(path))["margin"] == 0.125 and load_tuning(path).margin == 0.125
+    assert "margin" not in load_tuning(path).info
+    data = json.load(open(path))
+    del data["margin"]  # a table written before the margin existed
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert load_tuning(str(tmp_path / "old.json")).margin == DEFAULT_MARGIN == 0.05
+    assert load_tuning(write(tmp_path / "zero.json", [], margin=0)).margin == 0.0
+
+
+@pytest.mark.parametrize("margin", [1.0, 5, -0.01, "0.05", True, None, float("nan")])
+def test_a_bad_margin_is_rejected_naming_the_file(tmp_path, margin):
+    data = json.loads(open(write(tmp_path / "t.json", [entry(torch_ref=2.0)])).read())
+    data["margin"] = margin
+    path = tmp_path / "bad-margin.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError) as info:
+        load_tuning(str(path))
+    assert str(info.value).startswith(f"invalid tuning table {path}: margin must be a number in [0, 1)")
+    assert repr(margin) in str(info.value)
+
+
 def test_stamp_mismatches_are_listed():
     stamp = here()
     other = Stamp("Other CPU", "cpu", None, {**stamp.versions, "torch": "1.0"}, stamp.providers)
@@ -145,22 +169,105 @@ def spec(name, priority):
 SPECS = [spec("high", 100), spec("mid", 50), spec("low", 0)]
 
 
-def table_hook(ranking_times, matches=True):
-    t = Tuning(TuningTable(here(), (entry(**ranking_times),), path="t.json"))
+BUCKET = "fp8_mqa_logits H=32 D=128 M in [256, 512) N in [1024, 2048)"
+INSIDE = Problem(300, 1500, 32, 128)
+
+
+def tuning(ranking_times, matches=True, margin=DEFAULT_MARGIN) -> Tuning:
+    t = Tuning(TuningTable(here(), (entry(**ranking_times),), path="t.json", margin=margin))
     t._matches = matches
-    return t.choose
+    return t
+
+
+def table_hook(ranking_times, matches=True, margin=DEFAULT_MARGIN):
+    return tuning(ranking_times, matches, margin).choose
+
+
+def chosen(times, margin=DEFAULT_MARGIN, **settings):
+    return decide(SPECS, [], Settings(**settings), arch="cpu", op="fp8_mqa_logits", problem=INSIDE,
+                  tuning=table_hook(times, margin=margin))
 
 
 def test_decide_takes_the_fastest_usable_measured_provider():
-    p = Problem(300, 1500, 32, 128)
-    d = decide(SPECS, [], Settings(), arch="cpu", op="fp8_mqa_logits", problem=p,
-               tuning=table_hook({"low": 1.0, "high": 3.0}))
+    d = chosen({"low": 1.0, "high": 3.0})
     assert d.chosen == "low"
-    assert d.why == ("fastest measured usable provider in t.json for bucket fp8_mqa_logits H=32 D=128 "
-                     "M in [256, 512) N in [1024, 2048): low 1 ms, high 3 ms")
+    assert d.why == ("fastest measured usable provider: its lead 200.0% over high (priority) exceeds the "
+                     f"table's 5% margin; measured in t.json for bucket {BUCKET}: low 1 ms, high 3 ms")
+    alone = chosen({"low": 1.0})  # the fastest is also the first measured by priority: no margin question
+    assert alone.why == f"fastest measured usable provider in t.json for bucket {BUCKET}: low 1 ms"
     blocked = decide(SPECS, [], Settings(disabled=frozenset({"low"})), arch="cpu", op="fp8_mqa_logits",
-                     problem=p, tuning=table_hook({"low": 1.0, "high": 3.0}))
+                     problem=INSIDE, tuning=table_hook({"low": 1.0, "high": 3.0}))
     assert blocked.chosen == "high" and "(low not usable here)" in blocked.why
+
+
+def test_a_lead_within_the_margin_keeps_the_priority_provider():
+    # The H200 case: triton 0.03108 ms vs gluon 0.03175 ms, gluon first by priority.
+    d = chosen({"low": 0.03108, "high": 0.03175})
+    assert d.chosen == "high"
+    assert d.why == ("high (priority) kept: low's lead 2.2% is within the table's 5% margin; measured in "
+                     f"t.json for bucket {BUCKET}: low 0.03108 ms, high 0.03175 ms")
+    assert chosen({"low": 1.0, "high": 1.05}).chosen == "high"  # at the margin: kept
+    assert chosen({"low": 1.0, "mid": 1.2, "high": 1.04}).chosen == "high"
+    # P is the first *measured* usable provider by priority: high unmeasured here, so mid is kept.
+    d = chosen({"low": 1.0, "mid": 1.04, "high": None})
+    assert d.chosen == "mid" and d.why.startswith("mid (priority) kept: low's lead 4.0% is within")
+    # ... and the first *usable* one: with high blocked, its faster time does not count.
+    d = chosen({"low": 1.0, "mid": 1.04, "high": 0.5}, disabled=frozenset({"high"}))
+    assert d.chosen == "mid" and "(high not usable here)" in d.why
+
+
+def test_a_lead_beyond_the_margin_takes_the_faster_provider():
+    d = chosen({"low": 1.0, "high": 1.06})
+    assert d.chosen == "low"
+    assert d.why == ("fastest measured usable provider: its lead 6.0% over high (priority) exceeds the "
+                     f"table's 5% margin; measured in t.json for bucket {BUCKET}: low 1 ms, high 1.06 ms")
+    assert chosen({"low": 1.0, "high": 1.04}, margin=0.02).chosen == "low"  # the table's margin, not 5%
+    assert "exceeds the table's 2% margin" in chosen({"low": 1.0, "high": 1.04}, margin=0.02).why
+    assert chosen({"low": 1.0, "high": 1.25}, margin=0.3).chosen == "high"
+
+
+def test_margin_zero_takes_the_fastest():
+    assert chosen({"low": 1.0, "high": 1.001}, margin=0).chosen == "low"
+    assert chosen({"low": 1.0, "mid": 0.999, "high": 1.001}, margin=0).chosen == "mid"
+    tie = chosen({"low": 1.0, "mid": 1.0}, margin=0)  # an exact tie: priority decides, not the name
+    assert tie.chosen == "mid" and "low's lead 0.0% is within the table's 0% margin" in tie.why
+
+
+PLAN = tuple(sorted(SPECS, key=lambda s: -s.priority))  # high, mid, low: the registry's plan order
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05, 0.2])
+@pytest.mark.parametrize("times", [
+    {"high": 1.03, "mid": 1.02, "low": 1.0},  # each within 5% of the next: picking again matters
+    {"high": 1.1, "mid": 1.04, "low": 1.0},
+    {"high": 1.0, "mid": 1.0, "low": 1.0},
+    {"high": None, "mid": 1.3, "low": 1.0},
+    {"high": 2.0, "low": 1.0},  # mid unmeasured: last
+    {"high": 1.0, "mid": None, "low": None},
+])
+def test_order_and_choose_agree_on_every_subset(times, margin):
+    t = tuning(times, margin=margin)
+    order = t.order("cpu", "fp8_mqa_logits", INSIDE, PLAN)
+    assert sorted(s.name for s in order) == sorted(s.name for s in PLAN)
+    measured = [s.name for s in order if times.get(s.name) is not None]
+    assert [s.name for s in order] == measured + [s.name for s in PLAN if s.name not in measured]
+    # What the loader tries next when the first one is skipped (shape limits, failed import) is what the
+    # decision picks among the rest: the same answer from both paths, whichever specs drop out.
+    for k in range(len(measured)):
+        rest = [s.name for s in PLAN if s.name not in measured[:k]]
+        picked, _ = t.choose("cpu", "fp8_mqa_logits", INSIDE, rest)
+        assert picked == measured[k], (k, rest)
+        d = decide(SPECS, [], Settings(disabled=frozenset(measured[:k])), arch="cpu", op="fp8_mqa_logits",
+                   problem=INSIDE, tuning=t.choose)
+        assert d.chosen == measured[k]
+
+
+def test_order_puts_the_pick_first_then_picks_among_the_rest():
+    t = tuning({"high": 1.03, "mid": 1.02, "low": 1.0})
+    assert [s.name for s in t.order("cpu", "fp8_mqa_logits", INSIDE, PLAN)] == ["high", "mid", "low"]
+    t = tuning({"high": 1.1, "low": 1.0})
+    assert [s.name for s in t.order("cpu", "fp8_mqa_logits", INSIDE, PLAN)] == ["low", "high", "mid"]
+    assert tuning({"high": 1.0}).order("cpu", "fp8_mqa_logits", Problem(3, 5, 32, 128), PLAN) == PLAN
 
 
 def test_decide_falls_back_to_priority_outside_the_table_and_obeys_mqa_provider():
@@ -200,6 +307,19 @@ def test_mqa_tuning_drives_get_provider_explain_and_the_op(tmp_path):
         assert mqa_core.get_provider("cpu", problem=inside).name == "torch_ref"
     with environment(MQA_TUNING=path, MQA_DISABLE_PROVIDERS="example_chunked"):
         assert mqa_core.get_provider("cpu", problem=inside).name == "torch_ref"
+
+
+def test_the_margin_holds_through_the_registry_for_get_provider_and_explain(tmp_path):
+    within = write(tmp_path / "within.json", [entry(torch_ref=1.04, example_chunked=1.0)])
+    zero = write(tmp_path / "zero.json", [entry(torch_ref=1.04, example_chunked=1.0)], margin=0)
+    for path, expect in ((within, "torch_ref"), (zero, "example_chunked")):
+        with environment(MQA_TUNING=path):
+            d = mqa_core.explain("cpu", problem=INSIDE)
+            assert d.chosen == mqa_core.get_provider("cpu", problem=INSIDE).name == expect
+            assert path in d.why and BUCKET in d.why and "example_chunked 1 ms, torch_ref 1.04 ms" in d.why
+    with environment(MQA_TUNING=within):
+        assert "torch_ref (priority) kept: example_chunked's lead 4.0% is within the table's 5% margin" \
+            in mqa_core.explain("cpu", problem=INSIDE).why
 
 
 def test_a_stale_stamp_is_ignored_with_one_warning_naming_the_file(tmp_path):

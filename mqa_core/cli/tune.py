@@ -8,8 +8,9 @@ every shape is checked against a reference and timed (``mqa bench``'s runner), w
 stderr: the providers of a shape in interleaved rounds, each round a batch of back-to-back calls per
 provider lasting >= 1 ms (``time_interleaved``), so small host-bound shapes are timed at the pace an
 engine sees and drift falls on every provider alike. The table (``mqa_core.tuning``) records every
-provider's time in every bucket, stamped with what the timings depend on; the summary shows each
-bucket's winner.
+provider's time in every bucket, stamped with what the timings depend on, and the noise margin
+(``--margin``) within which a measured lead does not override the priority order; the summary shows
+each bucket's pick as selection will make it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..spec import OPS, Problem
+from ..tuning import DEFAULT_MARGIN
 from .common import UserError, device_or_default, providers_for, timed_calls
 
 if TYPE_CHECKING:
@@ -131,7 +133,8 @@ def add_parser(sub: Any) -> None:
                        description="Check (a kit subset, then each shape against a reference), then time "
                                    "every provider usable on the device (or the ones named) per shape "
                                    "bucket, and write a stamped JSON table: MQA_TUNING=FILE makes selection "
-                                   "take each bucket's fastest usable provider. Exit status 1 when a "
+                                   "take each bucket's fastest usable provider, unless its lead over the "
+                                   "first by priority is within --margin. Exit status 1 when a "
                                    "provider computes a wrong result or crashes (the table is still written).",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG)
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -149,6 +152,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="start no new shape after this many seconds; the table holds the buckets measured")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="FRACTION",
+                   help="written into the table: selection keeps the first provider by priority unless the "
+                        "fastest measured one is faster by more than this fraction; a lead within timing "
+                        "noise must not override the priority order, which holds over many shapes "
+                        "(default %(default)s = 5%%; 0 takes the fastest)")
 
 
 # -- the kit subset ----------------------------------------------------------------------------------
@@ -280,7 +288,7 @@ def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[t
 
 
 def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict[int, dict[str, Result]],
-                stamp: Any, info: dict[str, Any]) -> TuningTable:
+                stamp: Any, info: dict[str, Any], margin: float = DEFAULT_MARGIN) -> TuningTable:
     """One entry per bucket; a bucket measured on several shapes keeps each provider's geomean time."""
     from ..tuning import Entry, TuningTable
 
@@ -299,17 +307,21 @@ def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict
             times[name] = None if bad else math.exp(sum(math.log(t) for t in ms) / len(ms))
             status[name] = bad.status if bad else "ok"
         entries.append(Entry(bucket, times, status, tuple(shapes[i].name for i in idx)))
-    return TuningTable(stamp, tuple(entries), info=info)
+    return TuningTable(stamp, tuple(entries), info=info, margin=margin)
 
 
-def summary(table: TuningTable, names: Sequence[str]) -> str:
-    head = ["bucket", "winner", *names]
+def summary(table: TuningTable, names: Sequence[str], by_priority: Sequence[str] | None = None) -> str:
+    """Each bucket's pick (``Entry.pick`` over ``by_priority``, default ``names``) and every time."""
+    head = ["bucket", "pick", *names]
     rows = [head]
-    wins: dict[str, int] = {}
+    picks: dict[str, int] = {}
+    kept = 0
     for e in table.entries:
-        winner = e.ranking[0] if e.ranking else "-"
-        wins[winner] = wins.get(winner, 0) + 1
-        cells = [str(e.bucket), winner]
+        p = e.pick(by_priority or names, table.margin)
+        pick = "-" if p is None else p.chosen + (f" (kept; {p.fastest} {p.lead * 100:.1f}% faster)" if p.kept else "")
+        picks[p.chosen if p else "-"] = picks.get(p.chosen if p else "-", 0) + 1
+        kept += bool(p and p.kept)
+        cells = [str(e.bucket), pick]
         for n in names:
             t = e.times_ms.get(n)
             cells.append(f"{t:.4g}" if t is not None else e.status.get(n, "-").split(":")[0])
@@ -318,8 +330,20 @@ def summary(table: TuningTable, names: Sequence[str]) -> str:
     lines = ["  ".join(c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in rows]
     lines.insert(1, "-" * len(lines[0]))
-    lines.append("wins: " + ", ".join(f"{n} {c}" for n, c in sorted(wins.items(), key=lambda kv: (-kv[1], kv[0]))))
+    lines.append("picks: " + ", ".join(f"{n} {c}" for n, c in sorted(picks.items(), key=lambda kv: (-kv[1], kv[0]))))
+    lines.append(f"pick: the fastest, or the first by priority ({', '.join(by_priority or names)}) when the "
+                 f"fastest leads it by at most the table's {table.margin * 100:g}% margin (--margin; kept in "
+                 f"{kept} bucket{'s' if kept != 1 else ''})")
     return "\n".join(lines)
+
+
+def priority_order(names: Sequence[str]) -> list[str]:
+    """``names`` in selection's priority order (unknown names last, as given)."""
+    from ..select import sort_key
+    from ..testing.providers import spec_named
+
+    specs = {n: spec_named(n) for n in names}
+    return sorted(names, key=lambda n: (0, *sort_key(s)) if (s := specs[n]) else (1, 0, "", ""))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -331,6 +355,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     if args.budget is not None and args.budget <= 0:
         raise UserError("--budget must be > 0 seconds")
+    if not 0 <= args.margin < 1:
+        raise UserError(f"--margin must be a fraction in [0, 1) (0.05 = 5%), got {args.margin:g}")
     shapes = [TuneShape.parse(s) for s in args.shapes]
     preset = args.preset or ("quick" if not shapes else None)
     shapes = (PRESETS[preset]() if preset else []) + shapes
@@ -360,14 +386,14 @@ def run(args: argparse.Namespace) -> int:
                           "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "timing": "interleaved",
                           "seed": args.seed,
                           "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)}}
-    table = build_table(shapes, names, results, current_stamp(device, dists), info)
+    table = build_table(shapes, names, results, current_stamp(device, dists), info, args.margin)
     table.write(args.out)
     if args.json:
         print(json.dumps(table.to_dict(), indent=1))
     else:
         print(f"fp8 MQA logits on {device_name} ({arch}): ms per call, median of {repeat} interleaved rounds "
               f"(each a >= 1 ms batch of back-to-back calls per provider) after {warmup} warm-up calls")
-        print(summary(table, names))
+        print(summary(table, names, priority_order(names)))
         if len(results) < len(shapes):
             print(f"time budget ({args.budget:g} s) reached: {len(shapes) - len(results)} of {len(shapes)} "
                   "shapes not measured; their buckets fall back to priority")
