@@ -84,6 +84,20 @@ def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean, pi
     check(out, inp.reference(), clean)
 
 
+@pytest.mark.parametrize("batch,next_n,h,empty", [(131, 1, 16, 127), (65, 2, 128, 63)])  # 131, 130 virtual
+@pytest.mark.parametrize("programs", [5, 17])
+def test_schedule_spans_several_scan_chunks(interpret, batch, next_n, h, empty, programs):
+    """More (sequence, query-row group) pairs than one schedule step scans (``_SCHED`` = 128): the
+    prefix sums carry across chunks, and a program's range may start in one chunk and end in the next.
+    (65, 2, 128): next_n * H exceeds one dot, so each sequence is two virtual ones."""
+    inp = make_paged_inputs(batch, next_n, h, 64, 150, block_size=64, seed=batch + programs)
+    g = torch.Generator().manual_seed(programs)
+    inp.context_lens[:] = torch.randint(0, 151, (batch,), generator=g, dtype=torch.int32)
+    inp.context_lens[empty] = 0  # an empty sequence at the first chunk's end
+    out = fp8_paged_mqa_logits_triton(*inp.args(), True, config=PagedConfig(programs=programs))
+    check(out, inp.reference(), True)
+
+
 def arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor:
     """[B, next_n] lengths following no rule (the last column is not the row maximum, zeros, past
     max_context_len)."""
