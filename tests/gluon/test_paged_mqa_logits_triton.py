@@ -84,8 +84,7 @@ def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean, pi
     check(out, inp.reference(), clean)
 
 
-@pytest.mark.parametrize("batch,next_n,h,empty", [(131, 1, 16, 127), (65, 2, 128, 63)])  # 131, 130 virtual
-@pytest.mark.parametrize("programs", [5, 17])
+@pytest.mark.parametrize("batch,next_n,h,empty,programs", [(131, 1, 16, 127, 5), (65, 2, 128, 63, 17)])
 def test_schedule_spans_several_scan_chunks(interpret, batch, next_n, h, empty, programs):
     """More (sequence, query-row group) pairs than one schedule step scans (``_SCHED`` = 128): the
     prefix sums carry across chunks, and a program's range may start in one chunk and end in the next.
