@@ -3,7 +3,8 @@ on the same inputs in one process. Checks, then times, then the tables (always p
 
     python bench/h200_decode_vs_deepgemm.py            # from the repo root, providers installed,
                                                        # DeepGEMM on PYTHONPATH; < 150 s on an H200
-    --variants tma,pipe   Triton variants to time (default: DEFAULT_VARIANTS; "all": every one)
+    --variants tma,pipe   Triton variants to time (default: DEFAULT_VARIANTS; "all": every one);
+                          NAME+field=INT replaces PagedConfig fields, e.g. tma+programs_per_sm=2
     --budget S            no new (B, C) group after S seconds from process start (default 105)
     --deadline S          at S seconds the tables are printed from what was measured and the process
                           exits, even if a kernel hangs (default 140)
@@ -145,10 +146,29 @@ def triton_impls(names: list[str]) -> dict[str, Impl]:
             return lambda c, t: fp8_paged_mqa_logits_triton(q, c, w, lens, t, n, clean, config=cfg)
         return bind
 
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
-    return {f"triton:{name}": make(VARIANTS[name]) for name in names}
+    return {f"triton:{name}": make(variant_config(name, VARIANTS)) for name in names}
+
+
+def variant_config(name: str, variants: dict[str, Any]) -> Any:
+    """``NAME`` or ``NAME+field=int+...``: a VARIANTS entry, with PagedConfig fields replaced (e.g.
+    ``tma+programs_per_sm=2``), so a launch-shape question needs no new named variant."""
+    import dataclasses
+
+    base, *edits = name.split("+")
+    if base not in variants:
+        raise SystemExit(f"--variants: unknown {base!r} in {name!r}; known: {sorted(variants)}")
+    fields = {f.name for f in dataclasses.fields(variants[base])}
+    changes: dict[str, int] = {}
+    for edit in edits:
+        key, _, value = edit.partition("=")
+        if key not in fields or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--variants: {edit!r} in {name!r} is not FIELD=INT of PagedConfig "
+                             f"({', '.join(sorted(fields))})")
+        changes[key] = int(value)
+    try:
+        return dataclasses.replace(variants[base], **changes)
+    except ValueError as exc:
+        raise SystemExit(f"--variants: {name!r}: {exc}") from None
 
 
 def kernel_impl() -> Impl:
@@ -499,7 +519,8 @@ def main() -> int:
     global DEVICE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                        help="comma-separated Triton variants (VARIANTS names) or 'all'")
+                        help="comma-separated Triton variants (VARIANTS names, each optionally with "
+                             "+field=INT PagedConfig edits, e.g. tma+programs_per_sm=2) or 'all'")
     parser.add_argument("--quick", action="store_true", help="three (B, C) groups only")
     parser.add_argument("--budget", type=float, default=105.0,
                         help="seconds from process start after which no new (B, C) group starts")
