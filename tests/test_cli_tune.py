@@ -164,8 +164,16 @@ def test_shapes_and_presets():
     assert (s.op, s.problem.m, s.problem.n, s.batch, s.next_n) == ("fp8_paged_mqa_logits", 64, 8192, 32, 2)
     assert s.bucket().next_n == 2 and s.name == "decode B=32 next_n=2 ctx=8192 H=64 D=128"
     assert TuneShape.parse("prefill:4096,16384,64,128:full").kind == "full"
-    buckets = [s.bucket() for s in engine_preset()]
-    assert len(buckets) == len(set(buckets)) == 40  # one shape per bucket
+    shapes = engine_preset()
+    buckets = [s.bucket() for s in shapes]
+    assert len(set(buckets)) == 40 and len(buckets) == 56
+    per_bucket = {b: [s for s in shapes if s.bucket() == b] for b in buckets}
+    for b, group in per_bucket.items():  # prefill: both ends of the bucket, one window kind; decode: one
+        if b.op == "fp8_mqa_logits":
+            lo, hi = group
+            assert lo.kind == hi.kind and hi.problem.m > 1.5 * lo.problem.m and hi.problem.n > 1.5 * lo.problem.n
+        else:
+            assert len(group) == 1
 
 
 class _Off:

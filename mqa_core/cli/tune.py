@@ -42,7 +42,8 @@ EPILOG = """presets:
   quick    prefill M x N = 64 x 256, 256 x 1024 (causal) and decode B x context x next_n =
            2 x 256 x 1, 4 x 512 x 2; H=32 D=128 (seconds on a CPU)
   engine   prefill, H=32 and 64, D=128: 512 and 1k prompts, 2k chunk after 6k, 4k and 8k prompts,
-           4k x 16k full windows, 256 x 64k and 1k x 32k prompt tails; decode, H=32 and 64, D=128:
+           4k x 16k full windows, 256 x 64k and 1k x 32k prompt tails, each also at 1.75x its M and
+           N (the top of its bucket; the table keeps the geomean); decode, H=32 and 64, D=128:
            batch 1 / 16 / 64 x context 4k / 32k x next_n 1 / 2 (minutes on an H200)
 
 shapes (--shapes, added to the preset):
@@ -113,14 +114,23 @@ def quick_preset() -> list[TuneShape]:
             TuneShape.decode(2, 256, 1, 32, 128), TuneShape.decode(4, 512, 2, 32, 128)]
 
 
+#: Prefill buckets of the engine preset: (M, N, window kind) at the bottom of each power-of-two range.
+ENGINE_PREFILL = ((512, 512, "causal"), (1024, 1024, "causal"), (2048, 8192, "suffix"), (4096, 4096, "causal"),
+                  (8192, 8192, "causal"), (4096, 16384, "full"), (256, 65536, "suffix"), (1024, 32768, "suffix"))
+#: Each prefill bucket is also measured at this multiple of its M and N (near the top of its range):
+#: a provider's lead can turn within one bucket (H200, 2026-12-03: DeepGEMM 1.3% ahead at 1024 x 32768
+#: suffix, 13% ahead at 1500 x 40000), and the table keeps each provider's geomean over both shapes.
+TOP_OF_BUCKET = 1.75
+
+
 def engine_preset() -> list[TuneShape]:
-    """What an engine sends, one shape per bucket: short prompts, chunks, long-prompt tails, decode."""
+    """What an engine sends: short prompts, chunks, long-prompt tails (each prefill bucket at both ends
+    of its range), and decode (one shape per bucket: its providers differ by the launch, not the kernel)."""
     out = []
     for h in (32, 64):
-        out += [TuneShape.prefill(512, 512, h, 128), TuneShape.prefill(1024, 1024, h, 128),
-                TuneShape.prefill(2048, 8192, h, 128, "suffix"), TuneShape.prefill(4096, 4096, h, 128),
-                TuneShape.prefill(8192, 8192, h, 128), TuneShape.prefill(4096, 16384, h, 128, "full"),
-                TuneShape.prefill(256, 65536, h, 128, "suffix"), TuneShape.prefill(1024, 32768, h, 128, "suffix")]
+        for m, n, kind in ENGINE_PREFILL:
+            out += [TuneShape.prefill(m, n, h, 128, kind),
+                    TuneShape.prefill(int(m * TOP_OF_BUCKET), int(n * TOP_OF_BUCKET), h, 128, kind)]
         out += [TuneShape.decode(b, ctx, nn, h, 128) for b in (1, 16, 64) for ctx in (4096, 32768) for nn in (1, 2)]
     return out
 
