@@ -78,7 +78,12 @@ def test_shape_rule_keeps_large_calls_on_the_measured_defaults() -> None:
     for M, N, H in large:
         assert g.shape_config(M, N, H, 132) == g.LARGE_CONFIG, (M, N, H)
     assert g.shape_config(128, 2048, 64, 0) == g.LARGE_CONFIG  # no SM count (a CPU tensor): defaults
-    for pairs in (g.SMALL_CONFIG, g.LARGE_CONFIG):  # what the rule gives is a valid config for both H
+    # Large with a partial last round of long items (H200: 14% behind DeepGEMM at 1500 x 40000, H=32).
+    for M, N, H in [(1500, 40000, 32), (1792, 57344, 32)]:
+        assert g.items_imbalance(M, N, 256 // H, 132) > g.UNEVEN_ITEMS
+        assert g.shape_config(M, N, H, 132) == g.LARGE_UNEVEN_CONFIG, (M, N, H)
+    assert g.items_imbalance(1500, 40000, 8, 132) == pytest.approx(5 * 132 / 564)  # 564 items, 5 rounds
+    for pairs in (g.SMALL_CONFIG, g.LARGE_CONFIG, g.LARGE_UNEVEN_CONFIG):  # valid configs for both H
         for H in (32, 64):
             g.resolve_config(H, dict(pairs))
 

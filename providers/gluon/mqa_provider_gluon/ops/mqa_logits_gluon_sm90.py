@@ -1150,6 +1150,14 @@ LARGE_TILES_PER_SM = 768
 #: What :func:`shape_config` gives small and mid calls, and large ones (today's defaults).
 SMALL_CONFIG: tuple[tuple[str, Any], ...] = (("filler", True), ("split", "balanced"))
 LARGE_CONFIG: tuple[tuple[str, Any], ...] = ()
+#: A large call whose default ("items") split leaves the busiest program this far above the mean (a
+#: partial last round of long items) takes the balanced split instead. On the H200 (2026-12-03,
+#: bench/README.md round 7) gluon ran suffix 1500 x 40000 at H=32 14% behind DeepGEMM: 564 items of 209
+#: tiles over 132 SMs, 5 rounds with 36 programs busy in the last (1.17x the mean); the balanced split
+#: makes 1316 items of 90 tiles, 1.003x. The packed and square large shapes sit at <= 1.10 and keep
+#: their measured config.
+UNEVEN_ITEMS = 1.12
+LARGE_UNEVEN_CONFIG: tuple[tuple[str, Any], ...] = (("split", "balanced"),)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1159,14 +1167,26 @@ def shape_config(M: int, N: int, H: int, sms: int) -> tuple[tuple[str, Any], ...
     Small and mid calls (<= LARGE_TILES_PER_SM dense key tiles per SM) are where the launch shape
     decides: a balanced key split (no partial last round of long items) and the filler warp (the -inf
     tiles written while the math warpgroups compute, not between their tiles). Large calls keep
-    today's config. Only (M, N, H) and the SM count are known on the host without a sync, so windows
+    today's config, unless its split leaves a partial last round of long items (``UNEVEN_ITEMS``):
+    then the balanced split alone. Only (M, N, H) and the SM count are known on the host without a sync, so windows
     (causal, packed, sliding) cannot enter the rule. Pure and memoised: one lookup per call.
     """
     if sms <= 0:
         return LARGE_CONFIG
     bq = max(1, 256 // H)
     dense = triton_cdiv(M, bq) * triton_cdiv(N, 64) / sms
-    return SMALL_CONFIG if dense <= LARGE_TILES_PER_SM else LARGE_CONFIG
+    if dense <= LARGE_TILES_PER_SM:
+        return SMALL_CONFIG
+    return LARGE_UNEVEN_CONFIG if items_imbalance(M, N, bq, sms) > UNEVEN_ITEMS else LARGE_CONFIG
+
+
+def items_imbalance(M: int, N: int, bq: int, sms: int) -> float:
+    """The busiest program's tiles over the mean under the default "items" split, every row seeing
+    every key (what the host knows without a sync): > 1 when the last round of items is partial."""
+    bn, cost = DEFAULT_CONFIG["BN"], DEFAULT_CONFIG["item_cost"]
+    splits, tps = persistent_split(M, N, bq, bn, DEFAULT_CONFIG["items_per_sm"] * sms)
+    items = triton_cdiv(M, bq) * splits
+    return triton_cdiv(items, sms) * sms / items
 
 
 def triton_cdiv(a: int, b: int) -> int:
