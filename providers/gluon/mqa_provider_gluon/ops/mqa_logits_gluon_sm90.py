@@ -1183,9 +1183,8 @@ def shape_config(M: int, N: int, H: int, sms: int) -> tuple[tuple[str, Any], ...
 def items_imbalance(M: int, N: int, bq: int, sms: int) -> float:
     """The busiest program's tiles over the mean under the default "items" split, every row seeing
     every key (what the host knows without a sync): > 1 when the last round of items is partial."""
-    bn, cost = DEFAULT_CONFIG["BN"], DEFAULT_CONFIG["item_cost"]
-    splits, tps = persistent_split(M, N, bq, bn, DEFAULT_CONFIG["items_per_sm"] * sms)
-    items = triton_cdiv(M, bq) * splits
+    splits, _ = persistent_split(M, N, bq, DEFAULT_CONFIG["BN"], DEFAULT_CONFIG["items_per_sm"] * sms)
+    items = triton_cdiv(M, bq) * splits  # all of equal length: the ratio is in rounds, not tiles
     return triton_cdiv(items, sms) * sms / items
 
 
