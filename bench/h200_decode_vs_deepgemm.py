@@ -149,6 +149,18 @@ def triton_impls(names: list[str]) -> dict[str, Impl]:
     return {f"triton:{name}": make(variant_config(name, VARIANTS)) for name in names}
 
 
+def gluon_impls(names: list[str]) -> dict[str, Impl]:
+    """The warp-specialised Gluon kernel, per ``GluonPagedConfig`` (``ws``, with +field=INT edits)."""
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig, fp8_paged_mqa_logits_gluon
+
+    def make(cfg: Any) -> Impl:
+        def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+            return lambda c, t: fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, clean, config=cfg)
+        return bind
+
+    return {f"gluon:{name}": make(variant_config(name, {"ws": GluonPagedConfig()})) for name in names}
+
+
 def variant_config(name: str, variants: dict[str, Any]) -> Any:
     """``NAME`` or ``NAME+field=int+...``: a VARIANTS entry, with PagedConfig fields replaced (e.g.
     ``tma+programs_per_sm=2``), so a launch-shape question needs no new named variant."""
@@ -445,8 +457,8 @@ def summary(shapes: list[dict], names: list[str], host_names: list[str], info: d
               f">=1.0 on {sum(x >= 1.0 for x in ratios)}/{len(ratios)}" if ratios else "x DG -")
         bw = f"; next_n=1 %cp min {min(pcts):.0f} median {statistics.median(pcts):.0f}" if pcts else ""
         lines.append(f"  {short[n]:12s} {vs}{bw}")
-    lines.append("\nbest Triton variant per (next_n, H) class (geomean x DeepGEMM over the class's shapes):")
-    variants = [n for n in names if n.startswith("triton:")]
+    lines.append("\nbest kernel variant per (next_n, H) class (geomean x DeepGEMM over the class's shapes):")
+    variants = [n for n in names if n.startswith(("triton:", "gluon:"))]
     for nn, h in sorted({(r["next_n"], r["H"]) for r in shapes}):
         cls = [r for r in shapes if (r["next_n"], r["H"]) == (nn, h)]
         scores = {}
@@ -521,6 +533,9 @@ def main() -> int:
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated Triton variants (VARIANTS names, each optionally with "
                              "+field=INT PagedConfig edits, e.g. tma+programs_per_sm=2) or 'all'")
+    parser.add_argument("--gluon", default="",
+                        help="comma-separated Gluon paged-kernel variants: ws, each optionally with "
+                             "+field=INT GluonPagedConfig edits (e.g. ws+stages=16); default none")
     parser.add_argument("--quick", action="store_true", help="three (B, C) groups only")
     parser.add_argument("--budget", type=float, default=105.0,
                         help="seconds from process start after which no new (B, C) group starts")
@@ -548,8 +563,12 @@ def main() -> int:
     publics = public_impls()
     impls["mqa_core"] = publics["mqa_core"]
     impls.update(triton_impls(variants))
+    gluon = [v for v in args.gluon.split(",") if v]
+    impls.update(gluon_impls(gluon))
     host_impls: dict[str, Impl] = {"mqa_core": publics["mqa_core"], "kernel": kernel_impl(),
                                    "compat": publics["compat"]}
+    if gluon:
+        host_impls[f"gluon:{gluon[0]}"] = impls[f"gluon:{gluon[0]}"]
     if dg is not None:
         host_impls["deepgemm"] = dg
     try:

@@ -1,0 +1,475 @@
+"""fp8 paged MQA logits (the decode op) as a warp-specialised Gluon kernel for Hopper (sm_90), triton 3.6.
+
+Why a second paged kernel: the Triton kernel (``paged_mqa_logits_triton``) needs several programs per
+SM to keep enough cache bytes in flight, because each program waits for its own loads in order;
+fewer, longer programs or deeper rings lose (bench/README.md, round 6). Here one CTA per SM keeps the
+memory system busy by itself:
+
+- a one-warp **loader** runs ahead through the block table: per 64-token tile one TMA copy of the
+  tile's fp8 values (a [1, 64, D] box of the cache viewed as [blocks, block_size, D], so strided page
+  pools need no copy) and one of its 64 float32 scales (a [1, 64] box of the scales viewed as
+  [blocks, block_size]), into a STAGES-deep ring guarded by mbarriers; per sequence the q rows
+  ([next_n * H, D], one box) into a double buffer;
+- two **math** warpgroups take alternate tiles: one wgmma with M = 64 keys, N = next_n * H query rows,
+  K = D, then relu, the weight FMA, the head sum, the scale, the visibility mask and the store;
+- with ``clean_logits`` a one-warp **filler** writes the ``-inf`` tails (tiles past each sequence's
+  context) while the others work.
+
+The batch's visible tiles are split evenly over the CTAs from the context lengths on the device, as
+the Triton kernel does (every CTA scans the lengths in its prologue: no schedule buffer, no second
+launch, no host synchronisation, so it is capturable in a CUDA graph).
+
+Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
+two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
+call is outside it; the provider then serves the call with the Triton kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .mqa_logits_gluon_sm90 import gluon_supported
+
+__all__ = ["GluonPagedConfig", "compile_sm90", "fp8_paged_mqa_logits_gluon", "unsupported"]
+
+#: Keys per tile: one wgmma's M, one TMA box of one cache block.
+TILE = 64
+#: Sequences the prologue scans per step (one per thread of the 4-warp default partition).
+SCHED = 128
+#: Output rows are padded to this many floats (as the Triton kernel's).
+_ROW_ALIGN = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class GluonPagedConfig:
+    """Launch shape. ``stages``: depth of the tile ring (even: each slot stays with one math
+    warpgroup); the registers per thread of the partitions (the default math warpgroup gets what is
+    left)."""
+
+    stages: int = 12
+    math_regs: int = 232
+    loader_regs: int = 40
+    fill_regs: int = 40
+
+    def __post_init__(self) -> None:
+        if self.stages < 2 or self.stages % 2:
+            raise ValueError(f"GluonPagedConfig.stages must be even and >= 2, got {self.stages}")
+
+
+try:  # guarded: the module must import on any triton; gluon_supported() reports what is missing
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from .mqa_logits_gluon_sm90 import _p_reduce, half_out_layout, mma_layout
+
+    _jit = gluon.jit
+    SCHED_N = gl.constexpr(SCHED)
+    _jit_sizes = gluon.jit(do_not_specialize=["num_seqs", "max_ctx", "covered", "num_blocks"])
+except Exception:  # pragma: no cover - depends on the installed triton
+
+    def _jit(fn):  # type: ignore[no-redef]
+        return fn
+
+    _jit_sizes = _jit
+
+
+@_jit
+def _add(a, b):
+    return a + b
+
+
+@_jit
+def _seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
+    """Positions the longest query row of sequence(s) ``v`` sees, in [0, covered]."""
+    row = cl_ptr + v.to(gl.int64) * stride_clb
+    if LENS_2D:
+        hi = gl.load(row, mask=v_ok, other=0)
+        for j in gl.static_range(1, NEXT_N):
+            hi = gl.maximum(hi, gl.load(row + j * stride_clj, mask=v_ok, other=0))
+    else:  # the last row sees lens[b] - next_n + next_n positions
+        hi = gl.load(row, mask=v_ok, other=0)
+    return gl.minimum(gl.maximum(hi, 0), covered)
+
+
+@_jit
+def _locate(v, n, base, lo, hi):
+    """Within one chunk of sequences ``v`` holding ``n`` items each (``base`` items before the chunk):
+    (sequence, offset) of item ``lo`` and of item ``hi - 1`` (zeros where not in this chunk), and the
+    chunk's item count. Sequences without items never match."""
+    end = gl.associative_scan(n, 0, _add) + base
+    start = end - n
+    at_lo = (start <= lo) & (lo < end)
+    at_last = (start < hi) & (hi <= end)
+    return (gl.sum(gl.where(at_lo, v, 0), 0), gl.sum(gl.where(at_lo, lo - start, 0), 0),
+            gl.sum(gl.where(at_last, v, 0), 0), gl.sum(gl.where(at_last, hi - 1 - start, 0), 0), gl.sum(n, 0))
+
+
+@_jit
+def _segment(cl_ptr, v, va, ta, vb, tb, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr,
+             LENS_2D: gl.constexpr):
+    """This CTA's tiles [t_lo, t_hi) of sequence ``v`` (a tail of the first, a head of the last)."""
+    hi = _seq_hi(cl_ptr, v, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    t_lo = gl.where(v == va, ta, 0)
+    t_hi = gl.where(v == vb, tb + 1, gl.cdiv(hi, 64))
+    return t_lo, t_hi
+
+
+@_jit
+def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr,
+            bt_ptr, va, ta, vb, tb, v_end, covered, stride_clb, stride_clj, stride_btb, NEXT_N: gl.constexpr,
+            H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+    """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
+    are read 32 at a time, the next 32 requested while the current ones are issued."""
+    NQ: gl.constexpr = NEXT_N * H
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, layout=lay)
+    g = 0
+    qn = 0
+    for v in range(va, v_end):
+        t_lo, t_hi = _segment(cl_ptr, v, va, ta, vb, tb, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        if t_hi > t_lo:
+            qs = qn % 2
+            mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+            table = bt_ptr + v.to(gl.int64) * stride_btb
+            blk_ids = gl.load(table + ((t_lo + lane) * 64) // BS, mask=t_lo + lane < t_hi, other=0)
+            for c in range(t_lo, t_hi, 32):
+                nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
+                for i in range(gl.minimum(32, t_hi - c)):
+                    blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
+                    s = g % STAGES
+                    mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
+                    ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
+                    mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
+                    off = ((c + i) * 64) % BS
+                    # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them
+                    tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s),
+                                                    k_smem.index(s)._reinterpret(kv_desc.dtype, [1, 64, kv_desc.block_type.shape[2]], kv_desc.layout))
+                    tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
+                    g += 1
+                blk_ids = nxt
+            qn += 1
+
+
+@_jit
+def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
+          NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+    """One math warpgroup: tiles of the CTA's global tile counter with parity WG."""
+    NQ: gl.constexpr = NEXT_N * H
+    mlay: gl.constexpr = mma_layout(64, NQ, 4)
+    olay: gl.constexpr = half_out_layout(64, NEXT_N, 4)
+    slay: gl.constexpr = gl.SliceLayout(1, olay)
+    jlay: gl.constexpr = gl.SliceLayout(0, olay)
+    scl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+    idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs_t = gl.arange(0, 64, layout=slay)
+    offs_j = gl.arange(0, NEXT_N, layout=jlay)
+    cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, mlay))
+    g = 0
+    qn = 0
+    for v in range(va, v_end):
+        row = cl_ptr + v.to(gl.int64) * stride_clb
+        if LENS_2D:
+            lens = gl.load(row + offs_j * stride_clj)
+        else:
+            lens = gl.load(row + offs_j * 0) - NEXT_N + offs_j + 1
+        lens = gl.minimum(gl.maximum(lens, 0), covered)
+        t_lo = gl.where(v == va, ta, 0)
+        t_hi = gl.where(v == vb, tb + 1, gl.cdiv(gl.max(lens, 0), 64))
+        if t_hi > t_lo:
+            w_row = gl.expand_dims(gl.load(w_ptr + (v * NEXT_N + cols // H).to(gl.int64) * stride_wm + cols % H), 0)
+            rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
+            lens2 = gl.expand_dims(lens, 0)
+            qs = qn % 2
+            mbarrier.wait(q_ready.index(qs), (qn // 2) & 1)
+            q_op = q_smem.index(qs).permute((1, 0))
+            n_t = t_hi - t_lo
+            for i in range((g + WG) % 2, n_t, 2):
+                s = (g + i) % STAGES
+                mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+                acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
+                                    is_async=True)
+                sc = sc_smem.index(s).load(scl)
+                blk = gl.max(ids.index(s).load(idl), 0)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                r = _p_reduce(acc, w_row, 64, NEXT_N, H, olay)
+                sc = gl.convert_layout(gl.reshape(sc, [64]), slay)
+                p2 = gl.expand_dims((t_lo + i) * 64 + offs_t, 1)
+                seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
+                r = gl.where(seen, r * gl.expand_dims(sc, 1), float("-inf"))
+                gl.store(rows + p2, r, mask=p2 < max_ctx)
+            mbarrier.arrive(q_empty.index(qs), count=1)
+            g += n_t
+            qn += 1
+
+
+@_jit
+def _math0(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
+           v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
+           H: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+    _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, 0, NEXT_N, H, STAGES,
+          LENS_2D)
+
+
+@_jit
+def _math1(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
+           v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
+           H: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+    _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, 1, NEXT_N, H, STAGES,
+          LENS_2D)
+
+
+@_jit
+def _filler(cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj, stride_om,
+            NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
+    """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
+    lay: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
+    offs = gl.arange(0, 64, layout=lay)
+    ninf = gl.full([64], float("-inf"), gl.float32, lay)
+    t_max = gl.cdiv(max_ctx, 64)
+    for v in range(fa, fv_end):
+        n = gl.cdiv(_seq_hi(cl_ptr, v, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
+        i_lo = gl.where(v == fa, fta, 0)
+        i_hi = gl.where(v == fb, ftb + 1, t_max - n)
+        for j in gl.static_range(NEXT_N):
+            row = out_ptr + (v * NEXT_N + j).to(gl.int64) * stride_om
+            for i in range(i_lo, i_hi):
+                pos = (n + i) * 64 + offs
+                gl.store(row + pos, ninf, mask=pos < max_ctx)
+
+
+@_jit_sizes
+def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, num_seqs, max_ctx, covered,
+                     num_blocks, stride_wm, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
+                     H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
+                     CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+                     FILL_REGS: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
+    NQ: gl.constexpr = NEXT_N * H
+    D: gl.constexpr = q_desc.block_type.shape[1]
+    # -- the schedule: every CTA derives the same one from the context lengths -------------------
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    offs_s = gl.arange(0, SCHED_N, layout=lay)
+    t_max = gl.cdiv(max_ctx, 64)
+    total = 0
+    for c0 in range(0, num_seqs, SCHED_N):
+        v = c0 + offs_s
+        v_ok = v < num_seqs
+        total += gl.sum(gl.where(v_ok, gl.cdiv(_seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj,
+                                                       NEXT_N, LENS_2D), 64), 0), 0)
+    fill_total = num_seqs * t_max - total
+    pid = gl.program_id(0).to(gl.int64)
+    P = gl.num_programs(0)
+    w_lo = ((pid * total) // P).to(gl.int32)
+    w_hi = (((pid + 1) * total) // P).to(gl.int32)
+    f_lo = ((pid * fill_total) // P).to(gl.int32)
+    f_hi = (((pid + 1) * fill_total) // P).to(gl.int32)
+    va = 0
+    ta = 0
+    vb = 0
+    tb = 0
+    base = 0
+    fa = 0
+    fta = 0
+    fb = 0
+    ftb = 0
+    fbase = 0
+    for c0 in range(0, num_seqs, SCHED_N):
+        v = c0 + offs_s
+        v_ok = v < num_seqs
+        n = gl.where(v_ok, gl.cdiv(_seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D),
+                                   64), 0)
+        d0, d1, d2, d3, d4 = _locate(v, n, base, w_lo, w_hi)
+        va += d0
+        ta += d1
+        vb += d2
+        tb += d3
+        base += d4
+        if CLEAN:
+            d0, d1, d2, d3, d4 = _locate(v, gl.where(v_ok, t_max - n, 0), fbase, f_lo, f_hi)
+            fa += d0
+            fta += d1
+            fb += d2
+            ftb += d3
+            fbase += d4
+    v_end = gl.where(w_hi > w_lo, vb + 1, va)
+    fv_end = gl.where(f_hi > f_lo, fb + 1, fa)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 64, D],
+                                       gl.NVMMASharedLayout.get_default_for([64, D], kv_desc.dtype))
+    sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, 64], sc_desc.layout)
+    ids = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both math warpgroups release the q slot
+    if CLEAN:
+        gl.warp_specialize([
+            (_math0, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
+                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
+                      NEXT_N, H, STAGES, LENS_2D)),
+            (_math1, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
+                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
+                      NEXT_N, H, STAGES, LENS_2D)),
+            (_loader, (q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
+                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
+                       H, BS, STAGES, LENS_2D)),
+            (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
+                       stride_om, NEXT_N, LENS_2D)),
+        ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+    else:
+        gl.warp_specialize([
+            (_math0, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
+                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
+                      NEXT_N, H, STAGES, LENS_2D)),
+            (_math1, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
+                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
+                      NEXT_N, H, STAGES, LENS_2D)),
+            (_loader, (q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
+                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
+                       H, BS, STAGES, LENS_2D)),
+        ], [4, 1], [MATH_REGS, LOADER_REGS])
+
+
+def _layouts(d: int, nq: int) -> tuple[Any, Any, Any]:
+    """Shared-memory layouts of the three TMA boxes: q [NQ, D], values [1, 64, D], scales [1, 64]."""
+    return (gl.NVMMASharedLayout.get_default_for([nq, d], gl.float8e4nv),
+            gl.NVMMASharedLayout.get_default_for([1, TILE, d], gl.float8e4nv),
+            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+
+
+def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, lens_2d: bool,
+                clean: bool) -> dict[str, Any]:
+    return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "LENS_2D": bool(lens_2d),
+            "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs, "LOADER_REGS": cfg.loader_regs,
+            "FILL_REGS": cfg.fill_regs if clean else 0, "num_warps": 4}
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                block_tables: torch.Tensor) -> str | None:
+    """None when this kernel serves the call, else why not (the caller then uses the Triton kernel)."""
+    reason = gluon_supported(q.device)
+    if reason:
+        return reason
+    b, next_n, h, d = q.shape
+    if q.dtype != torch.float8_e4m3fn:
+        return f"q is {q.dtype}; the Gluon paged kernel reads float8_e4m3fn"
+    if d not in (64, 128) or not (_pow2(next_n) and _pow2(h) and 8 <= next_n * h <= 128):
+        return (f"next_n={next_n}, H={h}, D={d}: the Gluon paged kernel needs D in (64, 128), next_n and H "
+                "powers of two and 8 <= next_n * H <= 128")
+    if kv_cache.shape[1] % TILE:
+        return f"block_size {kv_cache.shape[1]} is not a multiple of {TILE}"
+    if q.stride() != (next_n * h * d, h * d, d, 1) or q.data_ptr() % 16:
+        return "q is not contiguous and 16-byte aligned (TMA reads it as [B * next_n * H, D] rows)"
+    if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16:
+        return "the page pool's start or block stride is not a multiple of 16 bytes (TMA needs both)"
+    if weights.dtype != torch.float32 or weights.stride(1) != 1:
+        return "weights are not float32 with unit inner stride"
+    if context_lens.dtype != torch.int32 or block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
+        return "context_lens and block_tables must be int32 (block_tables with unit inner stride)"
+    return None
+
+
+def _descriptors(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[Any, Any, Any]:
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    b, next_n, h, d = q.shape
+    nb, bs = kv_cache.shape[:2]
+    nq = next_n * h
+    q_lay, kv_lay, sc_lay = _layouts(d, nq)
+    stride0 = kv_cache.stride(0)
+    base = kv_cache.storage_offset()
+    values = kv_cache.as_strided((nb, bs, d), (stride0, d, 1), base).view(q.dtype)
+    scales = kv_cache.as_strided((nb, bs * 4), (stride0, 1), base + bs * d).view(torch.float32)
+    return (TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [nq, d], q_lay),
+            TensorDescriptor(values, [nb, bs, d], [stride0, d, 1], [1, TILE, d], kv_lay),
+            TensorDescriptor(scales, [nb, bs], [stride0 // 4, 1], [1, TILE], sc_lay))
+
+
+def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
+    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
+    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
+    return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
+
+
+def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                               context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
+                               clean_logits: bool = True, *, config: GluonPagedConfig | None = None) -> torch.Tensor:
+    """The paged op (contract of ``fp8_paged_mqa_logits_triton``) on this kernel: ``[B * next_n,
+    max_context_len]`` float32, rows padded to 16 floats. Raises ValueError with :func:`unsupported`'s
+    reason outside its scope."""
+    reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
+    if reason:
+        raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
+    b, next_n, h, d = q.shape
+    nb, bs = kv_cache.shape[:2]
+    out = _new_output(b * next_n, max_context_len, q.device)
+    if out.numel() == 0:
+        return out
+    if nb == 0:
+        return out.fill_(float("-inf"))
+    cfg = config or GluonPagedConfig()
+    lens_2d = context_lens.dim() == 2
+    stride_clb, stride_clj = context_lens.stride() if lens_2d else (context_lens.stride(0), 0)
+    covered = min(max_context_len, block_tables.shape[1] * bs)
+    q_desc, kv_desc, sc_desc = _descriptors(q, kv_cache)
+    grid = torch.cuda.get_device_properties(q.device).multi_processor_count
+    with torch.cuda.device(q.device):
+        _paged_kernel_ws[(grid,)](q_desc, kv_desc, sc_desc, weights, context_lens, block_tables, out, b,
+                                  max_context_len, covered, nb, weights.stride(0), stride_clb, stride_clj,
+                                  block_tables.stride(0), out.stride(0),
+                                  **_constexprs(cfg, next_n, h, bs, lens_2d, clean_logits))
+    return out
+
+
+def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
+                 clean_logits: bool = False, config: GluonPagedConfig | None = None) -> Any:
+    """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    cfg = config or GluonPagedConfig()
+    fn = _paged_kernel_ws
+    q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
+    sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
+           "kv_desc": f"tensordesc<fp8e4nv[1, {TILE}, {d}],{kv_lay!r}>",
+           "sc_desc": f"tensordesc<fp32[1, {TILE}],{sc_lay!r}>",
+           "w_ptr": "*fp32", "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32"}
+    for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_wm", "stride_clb", "stride_clj",
+                 "stride_btb", "stride_om"):
+        sig[name] = "i32"
+    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
+    constexprs = {}
+    for key, val in kw.items():
+        sig[key] = "constexpr"
+        constexprs[(fn.arg_names.index(key), )] = val
+    aligned = ("w_ptr", "cl_ptr", "bt_ptr", "out_ptr", "stride_wm", "stride_btb", "stride_om")
+    attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in aligned}
+    return triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4})

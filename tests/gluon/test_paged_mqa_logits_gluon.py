@@ -1,0 +1,124 @@
+"""The warp-specialised Gluon paged kernel: sm_90 AOT builds here, the float64 oracle on an H200."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mqa_core.reference import fp8_paged_mqa_logits_ref, pad_paged_cache
+from mqa_core.testing import calc_diff, make_paged_inputs
+
+pytest.importorskip("triton")
+
+from mqa_provider_gluon.ops import paged_mqa_logits_gluon_sm90 as gp  # noqa: E402
+from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import _triton_version_reason  # noqa: E402
+
+needs_gluon_api = pytest.mark.skipif(_triton_version_reason() is not None,
+                                     reason=f"Gluon kernels are written for triton 3.6: {_triton_version_reason()}")
+on_h200 = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@needs_gluon_api
+@pytest.mark.parametrize("next_n,h,clean,lens_2d", [(1, 32, False, False), (1, 64, True, True), (2, 32, True, False),
+                                                    (2, 64, False, True), (4, 32, True, True)])
+def test_sm90_build_uses_fp8_wgmma_without_spills(next_n, h, clean, lens_2d):
+    from mqa_provider_gluon.aot import sass_facts
+
+    k = gp.compile_sm90(next_n=next_n, h=h, clean_logits=clean, lens_2d=lens_2d)
+    facts = sass_facts({**k.asm, "metadata": k.metadata})
+    assert facts.qgmma > 0 and facts.hgmma == 0 and facts.mma_other == 0, facts
+    assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
+    assert facts.shared_bytes <= 227 * 1024, facts  # one CTA per SM: the ring fits
+
+
+def test_config_rejects_an_odd_ring():
+    with pytest.raises(ValueError, match="even"):
+        gp.GluonPagedConfig(stages=7)
+
+
+def test_unsupported_says_why_on_this_machine():
+    inp = make_paged_inputs(2, 2, 64, 128, 130, seed=1)
+    reason = gp.unsupported(*inp.args()[:5])
+    assert reason  # no sm_90 GPU (or another triton) here: a reason, not an exception
+    with pytest.raises(ValueError, match="fp8_paged_mqa_logits_gluon"):
+        gp.fp8_paged_mqa_logits_gluon(*inp.args())
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs filled with NaN before the kernel runs, so unwritten cells show."""
+    real = gp._new_output
+    monkeypatch.setattr(gp, "_new_output", lambda *a: real(*a).fill_(float("nan")))
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, clean: bool) -> None:
+    ref = ref.to(out.device)
+    assert out.shape == ref.shape and out.stride(1) == 1 and out.stride(0) % 16 == 0
+    inside = torch.isfinite(ref)
+    assert not out[inside].isnan().any(), "visible cells left unwritten"
+    assert calc_diff(out[inside], ref[inside]) < 1e-6  # fp32 sums of exact fp8 products
+    # every cell written outside the contexts is -inf; with clean, every one is written
+    written = ~out.isnan()
+    assert torch.equal(torch.isneginf(out), written & ~inside), "-inf cells differ from the written invisible ones"
+    if clean:
+        assert written.all(), "cells left unwritten"
+
+
+def _arbitrary_lens(batch: int, next_n: int, ctx: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, ctx + 1, (batch, next_n), generator=g)
+    lens[0, -1] = 0  # the last column is not the row maximum
+    lens[-1, 0] = ctx + 9  # past max_context_len
+    return lens.to(torch.int32)
+
+
+CASES = [  # batch, next_n, H, D, ctx, block_size, lens: "1d" | "2d" (DeepGEMM's rule) | "any"
+    (6, 2, 64, 128, 3000, 64, "any"),
+    (5, 1, 32, 128, 4100, 64, "1d"),
+    (3, 2, 32, 128, 700, 128, "2d"),  # two tiles per block
+    (300, 1, 64, 128, 500, 64, "1d"),  # more sequences than one schedule step scans
+    (1, 1, 64, 128, 40, 64, "1d"),  # fewer tiles than CTAs
+    (4, 4, 32, 128, 333, 64, "any"),
+    (7, 1, 16, 64, 900, 64, "2d"),
+]
+
+
+@pytest.mark.parametrize("batch,next_n,h,d,ctx,bs,lens_kind", CASES)
+@pytest.mark.parametrize("clean", [True, False])
+def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kind, clean, request):
+    for mark in on_h200:
+        request.applymarker(mark)
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    inp = make_paged_inputs(batch, next_n, h, d, ctx, block_size=bs, lens_2d=lens_kind == "2d", seed=batch + ctx)
+    lens = _arbitrary_lens(batch, next_n, ctx, seed=ctx) if lens_kind == "any" else inp.context_lens.clone()
+    if batch > 2:
+        lens[1] = 0  # an empty sequence
+    tables = inp.block_tables.clone()
+    if batch > 3 and tables.shape[1] > 5:
+        tables[3, 5] = -1  # an out-of-range id inside a context
+        tables[2, 1] = 1 << 30
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, ctx)
+    pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
+    args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
+    assert gp.unsupported(*args[:5]) is None
+    for config in (None, gp.GluonPagedConfig(stages=4)):
+        check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_graph_replay_follows_new_lengths(poisoned):
+    """Captured once, replayed after the lengths changed in place: the schedule is the device's."""
+    inp = make_paged_inputs(6, 2, 64, 128, 3000, seed=3)
+    q, w, t, cache = inp.q.cuda(), inp.weights.cuda(), inp.block_tables.cuda(), inp.kv_cache.cuda()
+    lens = _arbitrary_lens(6, 2, 3000, seed=4)
+    dev_lens = lens.cuda()
+    gp.fp8_paged_mqa_logits_gluon(q, cache, w, dev_lens, t, 3000)  # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = gp.fp8_paged_mqa_logits_gluon(q, cache, w, dev_lens, t, 3000)
+    for new in (lens, _arbitrary_lens(6, 2, 3000, seed=5), torch.zeros_like(lens)):
+        dev_lens.copy_(new)
+        g.replay()
+        check(out, fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, new, inp.block_tables, 3000), True)
