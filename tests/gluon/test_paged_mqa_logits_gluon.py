@@ -102,8 +102,9 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    for config in (None, gp.GluonPagedConfig(stages=4)):
+    for config in (None, gp.GluonPagedConfig(stages=4), None):  # the third call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
+    assert gp._LAUNCHES[gp._signature(*args[:5], clean, None)].bound
 
 
 @pytest.mark.cuda
@@ -122,3 +123,26 @@ def test_gpu_graph_replay_follows_new_lengths(poisoned):
         dev_lens.copy_(new)
         g.replay()
         check(out, fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, new, inp.block_tables, 3000), True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_provider_routes_measured_classes_here(poisoned, monkeypatch):
+    """The gluon provider's paged op: classes in MEASURED_AHEAD run this kernel (and its prepared
+    call), the others the Triton kernel; both give the oracle's values."""
+    from mqa_provider_gluon.kernels import GLUON
+    from mqa_provider_gluon.ops import paged_mqa_logits_triton as tp
+
+    monkeypatch.setattr(gp, "MEASURED_AHEAD", frozenset({(2, 64)}))
+    monkeypatch.setattr(tp, "_new_output", lambda *a, real=tp._new_output: real(*a).fill_(float("nan")))
+    for next_n, h, here in ((2, 64, True), (1, 32, False)):
+        inp = make_paged_inputs(9, next_n, h, 128, 2000, seed=next_n, lens_2d=True)
+        ref = fp8_paged_mqa_logits_ref(*inp.args())
+        args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in inp.args())
+        for _ in range(2):  # the first call decides and binds
+            check(GLUON.fp8_paged_mqa_logits(*args, clean_logits=True), ref, True)
+        prepared = GLUON.prepare_fp8_paged_mqa_logits(*args, clean_logits=True)
+        assert isinstance(prepared, gp.PreparedCall) == here and prepared is not None
+        check(prepared(*args[:5]), ref, True)
+        key = gp._signature(*args[:5], True, None)
+        assert (key in gp._LAUNCHES) == here and (key in gp._TRITON_ROUTE) != here

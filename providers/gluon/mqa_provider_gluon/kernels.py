@@ -34,12 +34,21 @@ def prefill_launcher(use_gluon: bool, device_index: int) -> Launcher:
 
 
 @functools.cache
-def paged_launcher() -> Launcher:
-    """The decode launcher, imported on the first call (decode is memory-bound: the Triton kernel
-    serves both providers). Cached: an import statement would cost every call ~0.7 us."""
-    from .ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
+def paged_launcher(use_gluon: bool, device_index: int) -> tuple[Launcher, Callable[..., Launcher | None]]:
+    """The decode launcher and its ``prepare`` for a device, imported on the first call: on sm_90
+    for the ``gluon`` provider, the dispatcher that sends each call signature to the warp-specialised
+    Gluon kernel where it was measured ahead, else to the Triton kernel; the Triton kernel elsewhere.
+    Cached: an import statement would cost every call ~0.7 us."""
+    if use_gluon and device_index >= 0:
+        from .ops.mqa_logits_gluon_sm90 import gluon_supported
 
-    return fp8_paged_mqa_logits_triton
+        if gluon_supported(device_index) is None:
+            from .ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_sm90, prepare_sm90
+
+            return fp8_paged_mqa_logits_sm90, prepare_sm90
+    from .ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton, prepare
+
+    return fp8_paged_mqa_logits_triton, prepare
 
 
 @dataclass(frozen=True)
@@ -68,15 +77,15 @@ class MqaKernels:
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int, *,
                              clean_logits: bool = True) -> torch.Tensor:
-        return paged_launcher()(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+        launch = paged_launcher(self.use_gluon, q.get_device())[0]
+        return launch(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
 
     def prepare_fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                      context_lens: torch.Tensor, block_tables: torch.Tensor,
                                      max_context_len: int, *, clean_logits: bool = True) -> Launcher | None:
-        """mqa-core's optional per-signature call (docs/writing-a-provider.md): the Triton launch with
-        everything the signature fixes worked out once, or None where calls take the full path."""
-        from .ops.paged_mqa_logits_triton import prepare
-
+        """mqa-core's optional per-signature call (docs/writing-a-provider.md): the device's decode
+        launch with everything the signature fixes worked out once, or None where calls take the full path."""
+        prepare = paged_launcher(self.use_gluon, q.get_device())[1]
         return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
 
 

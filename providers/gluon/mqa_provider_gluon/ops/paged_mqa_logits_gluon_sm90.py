@@ -31,9 +31,12 @@ from typing import Any
 
 import torch
 
+from ..launch import bind, direct_launch_unsupported, hooks_active, residues
 from .mqa_logits_gluon_sm90 import gluon_supported
+from .paged_mqa_logits_triton import _launch_on
 
-__all__ = ["GluonPagedConfig", "compile_sm90", "fp8_paged_mqa_logits_gluon", "unsupported"]
+__all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_logits_gluon",
+           "fp8_paged_mqa_logits_sm90", "prepare", "prepare_sm90", "serves", "unsupported"]
 
 #: Keys per tile: one wgmma's M, one TMA box of one cache block.
 TILE = 64
@@ -153,8 +156,9 @@ def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty
                     mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
                     off = ((c + i) * 64) % BS
                     # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them
-                    tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s),
-                                                    k_smem.index(s)._reinterpret(kv_desc.dtype, [1, 64, kv_desc.block_type.shape[2]], kv_desc.layout))
+                    # the [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes)
+                    box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
+                    tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
                     tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
                     g += 1
                 blk_ids = nxt
@@ -395,20 +399,79 @@ def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, 
     return None
 
 
-def _descriptors(q: torch.Tensor, kv_cache: torch.Tensor) -> tuple[Any, Any, Any]:
+def _q_descriptor(q: torch.Tensor) -> Any:
+    """q [B, next_n, H, D] as [B * next_n * H, D] rows, one [next_n * H, D] box per sequence."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b, next_n, h, d = q.shape
-    nb, bs = kv_cache.shape[:2]
     nq = next_n * h
-    q_lay, kv_lay, sc_lay = _layouts(d, nq)
+    return TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [nq, d], _layouts(d, nq)[0])
+
+
+def _kv_descriptors(kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The pool's values as [blocks, block_size, D] (a [1, 64, D] box per tile) and its scales as
+    [blocks, block_size] float32 (a [1, 64] box), both ``stride(0)`` bytes per block: no copy."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    nb, bs, _, d4 = kv_cache.shape
+    d = d4 - 4
+    _, kv_lay, sc_lay = _layouts(d, 8)
     stride0 = kv_cache.stride(0)
     base = kv_cache.storage_offset()
-    values = kv_cache.as_strided((nb, bs, d), (stride0, d, 1), base).view(q.dtype)
+    values = kv_cache.as_strided((nb, bs, d), (stride0, d, 1), base).view(dtype)
     scales = kv_cache.as_strided((nb, bs * 4), (stride0, 1), base + bs * d).view(torch.float32)
-    return (TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [nq, d], q_lay),
-            TensorDescriptor(values, [nb, bs, d], [stride0, d, 1], [1, TILE, d], kv_lay),
+    return (TensorDescriptor(values, [nb, bs, d], [stride0, d, 1], [1, TILE, d], kv_lay),
             TensorDescriptor(scales, [nb, bs], [stride0 // 4, 1], [1, TILE], sc_lay))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """What a call signature needs at launch: the bound kernel (``launch.BoundKernel``, or False where
+    calls launch through Triton), the grid (one CTA per SM), the stride arguments and the constexprs
+    (the C launcher skips them, but counts them)."""
+
+    bound: Any
+    grid: int
+    strides: tuple[int, ...]
+    constexprs: tuple[Any, ...]
+
+
+#: Launch state per call signature (bounded, as the Triton kernel's).
+_LAUNCHES: dict[tuple[Any, ...], _Launch] = {}
+_LAUNCHES_MAX = 256
+
+
+def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
+               tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None) -> tuple[Any, ...]:
+    """What the compiled kernel and its launch depend on: device, dtypes, sizes but B and the pool's
+    block count, every stride (Triton specialises the stride arguments), the pointers' 16-byte
+    alignment, the clean mode and the config."""
+    return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(), weights.stride(),
+            weights.dtype, lens.dtype, lens.dim(), lens.stride(), tables.dtype, tables.stride(), clean, cfg,
+            residues((q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), lens.data_ptr(), tables.data_ptr())))
+
+
+def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
+         tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
+    """The hot path: allocate the output, hand pointers and cached descriptor encodings to the bound
+    launcher."""
+    b, next_n = q.shape[:2]
+    nb, bs = kv_cache.shape[:2]
+    out = _new_output(b * next_n, max_context_len, q.device)
+    if not (b and max_context_len):
+        return out
+    if not nb:
+        return out.fill_(float("-inf"))
+    bound = launch.bound
+    qp, kvp = q.data_ptr(), kv_cache.data_ptr()
+    q_desc = bound.descriptor((0, qp, b), lambda: _q_descriptor(q))
+    kv_desc = bound.descriptor((1, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[0])
+    sc_desc = bound.descriptor((2, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[1])
+    args = (*q_desc, *kv_desc, *sc_desc, weights.data_ptr(), lens.data_ptr(), tables.data_ptr(), out.data_ptr(), b,
+            max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides, out.stride(0),
+            *launch.constexprs)
+    _launch_on(bound, launch.grid, q.device.index, args)
+    return out
 
 
 def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
@@ -422,7 +485,13 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
                                clean_logits: bool = True, *, config: GluonPagedConfig | None = None) -> torch.Tensor:
     """The paged op (contract of ``fp8_paged_mqa_logits_triton``) on this kernel: ``[B * next_n,
     max_context_len]`` float32, rows padded to 16 floats. Raises ValueError with :func:`unsupported`'s
-    reason outside its scope."""
+    reason outside its scope. The first call of a signature compiles and binds the launch; later ones
+    allocate the output and launch (descriptors encoded once per pointer and size)."""
+    clean_logits = bool(clean_logits)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config)
+    launch = _LAUNCHES.get(key)
+    if launch is not None and launch.bound and not hooks_active():
+        return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
@@ -435,16 +504,108 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
         return out.fill_(float("-inf"))
     cfg = config or GluonPagedConfig()
     lens_2d = context_lens.dim() == 2
-    stride_clb, stride_clj = context_lens.stride() if lens_2d else (context_lens.stride(0), 0)
-    covered = min(max_context_len, block_tables.shape[1] * bs)
-    q_desc, kv_desc, sc_desc = _descriptors(q, kv_cache)
-    grid = torch.cuda.get_device_properties(q.device).multi_processor_count
+    strides = (weights.stride(0), *(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)),
+               block_tables.stride(0))
+    constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits)
+    q_desc = _q_descriptor(q)
+    kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
+    grid = _multiprocessors(q.device.index)
     with torch.cuda.device(q.device):
-        _paged_kernel_ws[(grid,)](q_desc, kv_desc, sc_desc, weights, context_lens, block_tables, out, b,
-                                  max_context_len, covered, nb, weights.stride(0), stride_clb, stride_clj,
-                                  block_tables.stride(0), out.stride(0),
-                                  **_constexprs(cfg, next_n, h, bs, lens_2d, clean_logits))
+        compiled = _paged_kernel_ws[(grid,)](q_desc, kv_desc, sc_desc, weights, context_lens, block_tables, out, b,
+                                             max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
+                                             *strides, out.stride(0), **constexprs)
+    if launch is None:
+        if len(_LAUNCHES) >= _LAUNCHES_MAX:
+            _LAUNCHES.clear()
+        params = _paged_kernel_ws.arg_names[len(_paged_kernel_ws.arg_names) - len(constexprs):]
+        _LAUNCHES[key] = _Launch(bind(compiled) if direct_launch_unsupported() is None else False, grid, strides,
+                                 tuple(constexprs[p] for p in params))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedCall:
+    """mqa-core's prepared call for one full call signature (``mqa_core.memo``): the bound launch and
+    the fixed ``max_context_len`` / ``clean_logits``. Per call it reads five pointers (other 16-byte
+    residues, or a Triton launch hook, take the full launcher), allocates and launches."""
+
+    launch: _Launch
+    max_context_len: int
+    clean_logits: bool
+    residues: tuple[int, ...] | None
+
+    def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                 block_tables: torch.Tensor) -> torch.Tensor:
+        ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(),
+                block_tables.data_ptr())
+        if hooks_active() or residues(ptrs) != self.residues:
+            return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
+                                              self.clean_logits)
+        return _run(self.launch, q, kv_cache, weights, context_lens, block_tables, self.max_context_len)
+
+
+def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+            block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> PreparedCall | None:
+    """The :class:`PreparedCall` for calls like this one (default config) once a call of its signature
+    has bound a launch, else None."""
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None)
+    launch = _LAUNCHES.get(key)
+    if launch is None or not launch.bound:
+        return None
+    return PreparedCall(launch, max_context_len, bool(clean_logits), key[-1])
+
+
+#: (next_n, H) classes where this kernel was measured ahead of the Triton kernel on the H200 (ragged
+#: batches, graph replay, bench/h200_decode_vs_deepgemm.py); the provider sends the others to Triton.
+MEASURED_AHEAD: frozenset[tuple[int, int]] = frozenset()
+#: Call signatures that :func:`fp8_paged_mqa_logits_sm90` sends to the Triton kernel.
+_TRITON_ROUTE: set[tuple[Any, ...]] = set()
+
+
+def serves(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+           block_tables: torch.Tensor) -> bool:
+    """Whether the provider sends this call here: in scope and of a class measured ahead."""
+    return (q.shape[1], q.shape[2]) in MEASURED_AHEAD and unsupported(q, kv_cache, weights, context_lens,
+                                                                     block_tables) is None
+
+
+def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
+                              clean_logits: bool = True) -> torch.Tensor:
+    """The ``gluon`` provider's paged op on sm_90: this kernel where :func:`serves` (decided once per
+    call signature), else the Triton kernel."""
+    from .paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
+
+    clean_logits = bool(clean_logits)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None)
+    launch = _LAUNCHES.get(key)
+    if launch is not None and launch.bound and not hooks_active():
+        return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
+    if key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables):
+        if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
+            _TRITON_ROUTE.clear()
+        _TRITON_ROUTE.add(key)
+        return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                           clean_logits)
+    return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                      clean_logits)
+
+
+def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                 block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> Any:
+    """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None)
+    if key in _TRITON_ROUTE:
+        from .paged_mqa_logits_triton import prepare as prepare_triton
+
+        return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+
+
+def _multiprocessors(index: int | None) -> int:
+    from .paged_mqa_logits_triton import _device_facts
+
+    return _device_facts(index or 0)[0]
 
 
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
