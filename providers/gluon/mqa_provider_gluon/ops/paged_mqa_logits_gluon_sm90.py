@@ -52,7 +52,7 @@ class GluonPagedConfig:
     warpgroup); the registers per thread of the partitions (the default math warpgroup gets what is
     left)."""
 
-    stages: int = 12
+    stages: int = 8
     math_regs: int = 232
     loader_regs: int = 40
     fill_regs: int = 40
@@ -72,7 +72,7 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
         warpgroup_mma_wait,
     )
 
-    from .mqa_logits_gluon_sm90 import _p_reduce, half_out_layout, mma_layout
+    from .mqa_logits_gluon_sm90 import mma_layout
 
     _jit = gluon.jit
     SCHED_N = gl.constexpr(SCHED)
@@ -104,6 +104,18 @@ def _seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N: gl.constex
 
 
 @_jit
+def _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
+    """Tiles each sequence ``v`` of one schedule step computes (0 past the batch)."""
+    ok = v < num_seqs
+    return gl.where(ok, gl.cdiv(_seq_hi(cl_ptr, v, ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64), 0)
+
+
+@_jit
+def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
+
+
+@_jit
 def _locate(v, n, base, lo, hi):
     """Within one chunk of sequences ``v`` holding ``n`` items each (``base`` items before the chunk):
     (sequence, offset) of item ``lo`` and of item ``hi - 1`` (zeros where not in this chunk), and the
@@ -112,8 +124,8 @@ def _locate(v, n, base, lo, hi):
     start = end - n
     at_lo = (start <= lo) & (lo < end)
     at_last = (start < hi) & (hi <= end)
-    return (gl.sum(gl.where(at_lo, v, 0), 0), gl.sum(gl.where(at_lo, lo - start, 0), 0),
-            gl.sum(gl.where(at_last, v, 0), 0), gl.sum(gl.where(at_last, hi - 1 - start, 0), 0), gl.sum(n, 0))
+    return gl.reduce((gl.where(at_lo, v, 0), gl.where(at_lo, lo - start, 0), gl.where(at_last, v, 0),
+                      gl.where(at_last, hi - 1 - start, 0), n), 0, _add5)
 
 
 @_jit
@@ -159,10 +171,18 @@ def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty
                     # the [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes)
                     box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
                     tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
-                    tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
+                    sc_box = sc_smem.index(s)._reinterpret(gl.float32, sc_desc.block_type.shape, sc_desc.layout)
+                    tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_box)
                     g += 1
                 blk_ids = nxt
             qn += 1
+
+
+@_jit
+def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
+    """[64 keys, next_n rows]: sum over heads of relu(acc) * weights (adjacent columns: in-thread sums
+    and quad shuffles)."""
+    return gl.sum(gl.reshape(gl.maximum(acc, 0.0) * w_row, [64, NEXT_N, H]), axis=2)
 
 
 @_jit
@@ -172,12 +192,14 @@ def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, c
     """One math warpgroup: tiles of the CTA's global tile counter with parity WG."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
-    olay: gl.constexpr = half_out_layout(64, NEXT_N, 4)
-    slay: gl.constexpr = gl.SliceLayout(1, olay)
-    jlay: gl.constexpr = gl.SliceLayout(0, olay)
-    scl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, 4], [1, 0])
+    # The head sum's result layout (what the compiler infers for the reduction of the accumulator):
+    # the positions, rows, lengths and scales are built in it, so no tile result changes layout.
+    rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
+                                   NEXT_N, H).type.layout
+    slay: gl.constexpr = gl.SliceLayout(1, rlay)
+    jlay: gl.constexpr = gl.SliceLayout(0, rlay)
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    offs_t = gl.arange(0, 64, layout=slay)
+    offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
     cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, mlay))
     g = 0
@@ -204,16 +226,14 @@ def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, c
                 mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
                 acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                     is_async=True)
-                sc = sc_smem.index(s).load(scl)
+                sc = gl.expand_dims(sc_smem.index(s).load(slay), 1)  # while the wgmma runs
                 blk = gl.max(ids.index(s).load(idl), 0)
                 acc = warpgroup_mma_wait(0, deps=(acc, ))
                 mbarrier.arrive(empty.index(s), count=1)
-                r = _p_reduce(acc, w_row, 64, NEXT_N, H, olay)
-                sc = gl.convert_layout(gl.reshape(sc, [64]), slay)
-                p2 = gl.expand_dims((t_lo + i) * 64 + offs_t, 1)
+                r = _head_sum(acc, w_row, NEXT_N, H)
+                p2 = (t_lo + i) * 64 + offs_t
                 seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-                r = gl.where(seen, r * gl.expand_dims(sc, 1), float("-inf"))
-                gl.store(rows + p2, r, mask=p2 < max_ctx)
+                gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
             mbarrier.arrive(q_empty.index(qs), count=1)
             g += n_t
             qn += 1
@@ -269,12 +289,13 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     offs_s = gl.arange(0, SCHED_N, layout=lay)
     t_max = gl.cdiv(max_ctx, 64)
-    total = 0
-    for c0 in range(0, num_seqs, SCHED_N):
-        v = c0 + offs_s
-        v_ok = v < num_seqs
-        total += gl.sum(gl.where(v_ok, gl.cdiv(_seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj,
-                                                       NEXT_N, LENS_2D), 64), 0), 0)
+    # the first SCHED sequences (all of them, in most batches) are read once and kept
+    ok0 = offs_s < num_seqs
+    n0 = _chunk_tiles(cl_ptr, offs_s, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    total = gl.sum(n0, 0)
+    for c0 in range(SCHED_N, num_seqs, SCHED_N):
+        total += gl.sum(_chunk_tiles(cl_ptr, c0 + offs_s, num_seqs, covered, stride_clb, stride_clj, NEXT_N,
+                                     LENS_2D), 0)
     fill_total = num_seqs * t_max - total
     pid = gl.program_id(0).to(gl.int64)
     P = gl.num_programs(0)
@@ -282,21 +303,11 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
     w_hi = (((pid + 1) * total) // P).to(gl.int32)
     f_lo = ((pid * fill_total) // P).to(gl.int32)
     f_hi = (((pid + 1) * fill_total) // P).to(gl.int32)
-    va = 0
-    ta = 0
-    vb = 0
-    tb = 0
-    base = 0
-    fa = 0
-    fta = 0
-    fb = 0
-    ftb = 0
-    fbase = 0
-    for c0 in range(0, num_seqs, SCHED_N):
+    va, ta, vb, tb, base = _locate(offs_s, n0, 0, w_lo, w_hi)
+    fa, fta, fb, ftb, fbase = _locate(offs_s, gl.where(ok0, t_max - n0, 0), 0, f_lo, f_hi)
+    for c0 in range(SCHED_N, num_seqs, SCHED_N):
         v = c0 + offs_s
-        v_ok = v < num_seqs
-        n = gl.where(v_ok, gl.cdiv(_seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N, LENS_2D),
-                                   64), 0)
+        n = _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
         d0, d1, d2, d3, d4 = _locate(v, n, base, w_lo, w_hi)
         va += d0
         ta += d1
@@ -304,7 +315,7 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
         tb += d3
         base += d4
         if CLEAN:
-            d0, d1, d2, d3, d4 = _locate(v, gl.where(v_ok, t_max - n, 0), fbase, f_lo, f_hi)
+            d0, d1, d2, d3, d4 = _locate(v, gl.where(v < num_seqs, t_max - n, 0), fbase, f_lo, f_hi)
             fa += d0
             fta += d1
             fb += d2
@@ -316,7 +327,7 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
     k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 64, D],
                                        gl.NVMMASharedLayout.get_default_for([64, D], kv_desc.dtype))
-    sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, 64], sc_desc.layout)
+    sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ids = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
