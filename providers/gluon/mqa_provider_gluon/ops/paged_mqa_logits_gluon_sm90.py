@@ -111,36 +111,27 @@ def _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N: g
 
 
 @_jit
-def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4
+def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
 
 
 @_jit
 def _locate(v, n, base, lo, hi):
     """Within one chunk of sequences ``v`` holding ``n`` items each (``base`` items before the chunk):
-    (sequence, offset) of item ``lo`` and of item ``hi - 1`` (zeros where not in this chunk), and the
-    chunk's item count. Sequences without items never match."""
+    (sequence, offset) of item ``lo`` and of item ``hi - 1`` (zeros where not in this chunk), the
+    chunk's item count, and the item count of item ``lo``'s sequence. Sequences without items never
+    match."""
     end = gl.associative_scan(n, 0, _add) + base
     start = end - n
     at_lo = (start <= lo) & (lo < end)
     at_last = (start < hi) & (hi <= end)
     return gl.reduce((gl.where(at_lo, v, 0), gl.where(at_lo, lo - start, 0), gl.where(at_last, v, 0),
-                      gl.where(at_last, hi - 1 - start, 0), n), 0, _add5)
-
-
-@_jit
-def _segment(cl_ptr, v, va, ta, vb, tb, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr,
-             LENS_2D: gl.constexpr):
-    """This CTA's tiles [t_lo, t_hi) of sequence ``v`` (a tail of the first, a head of the last)."""
-    hi = _seq_hi(cl_ptr, v, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-    t_lo = gl.where(v == va, ta, 0)
-    t_hi = gl.where(v == vb, tb + 1, gl.cdiv(hi, 64))
-    return t_lo, t_hi
+                      gl.where(at_last, hi - 1 - start, 0), n, gl.where(at_lo, n, 0)), 0, _add6)
 
 
 @_jit
 def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr,
-            bt_ptr, va, ta, vb, tb, v_end, covered, stride_clb, stride_clj, stride_btb, NEXT_N: gl.constexpr,
+            bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb, NEXT_N: gl.constexpr,
             H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
@@ -149,33 +140,61 @@ def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty
     lane = gl.arange(0, 32, layout=lay)
     g = 0
     qn = 0
+    # What each sequence starts with (its tile count, its first 32 block ids) is requested one sequence
+    # ahead, so a switch of sequence does not wait for global memory; the first comes from the prologue.
+    tiles = n_va
+    first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
+                    mask=(ta + lane) * 64 < covered, other=0)
     for v in range(va, v_end):
-        t_lo, t_hi = _segment(cl_ptr, v, va, ta, vb, tb, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-        if t_hi > t_lo:
-            qs = qn % 2
-            mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
-            mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
-            table = bt_ptr + v.to(gl.int64) * stride_btb
-            blk_ids = gl.load(table + ((t_lo + lane) * 64) // BS, mask=t_lo + lane < t_hi, other=0)
-            for c in range(t_lo, t_hi, 32):
-                nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
-                for i in range(gl.minimum(32, t_hi - c)):
-                    blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
-                    s = g % STAGES
-                    mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-                    ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
-                    mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
-                    off = ((c + i) * 64) % BS
-                    # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them
-                    # the [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes)
-                    box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
-                    tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
-                    sc_box = sc_smem.index(s)._reinterpret(gl.float32, sc_desc.block_type.shape, sc_desc.layout)
-                    tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_box)
-                    g += 1
-                blk_ids = nxt
-            qn += 1
+        t_lo = gl.where(v == va, ta, 0)
+        t_hi = gl.where(v == vb, tb + 1, tiles)
+        nv = v + 1
+        more = nv < v_end
+        tiles = gl.cdiv(_seq_hi(cl_ptr, nv, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
+        blk_ids = first
+        first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (lane * 64) // BS,
+                        mask=more & (lane * 64 < covered), other=0)
+        # every sequence of the range gets its q slot (the math warpgroups wait for each)
+        qs = qn % 2
+        mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+        qn += 1
+        table = bt_ptr + v.to(gl.int64) * stride_btb
+        for c in range(t_lo, t_hi, 32):
+            nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
+            for i in range(gl.minimum(32, t_hi - c)):
+                blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
+                s = g % STAGES
+                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
+                ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
+                mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
+                off = ((c + i) * 64) % BS
+                # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them.
+                # The [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes).
+                box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
+                tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
+                sc_box = sc_smem.index(s)._reinterpret(gl.float32, sc_desc.block_type.shape, sc_desc.layout)
+                tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_box)
+                g += 1
+            blk_ids = nxt
+
+
+@_jit
+def _row_lens(cl_ptr, v, offs_j, ok, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
+    """[next_n] positions each query row of sequence ``v`` sees, in [0, covered] (0 where not ``ok``)."""
+    row = cl_ptr + v.to(gl.int64) * stride_clb
+    if LENS_2D:
+        lens = gl.load(row + offs_j * stride_clj, mask=ok, other=0)
+    else:
+        lens = gl.load(row + offs_j * 0, mask=ok, other=0) - NEXT_N + offs_j + 1
+    return gl.minimum(gl.maximum(lens, 0), covered)
+
+
+@_jit
+def _row_weights(w_ptr, v, cols, ok, stride_wm, NEXT_N: gl.constexpr, H: gl.constexpr):
+    """weights[v * next_n + c // H, c % H] for the accumulator's columns c."""
+    return gl.load(w_ptr + (v * NEXT_N + cols // H).to(gl.int64) * stride_wm + cols % H, mask=ok, other=0.0)
 
 
 @_jit
@@ -204,39 +223,38 @@ def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, c
     cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, mlay))
     g = 0
     qn = 0
+    lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    w_n = _row_weights(w_ptr, va, cols, True, stride_wm, NEXT_N, H)
     for v in range(va, v_end):
-        row = cl_ptr + v.to(gl.int64) * stride_clb
-        if LENS_2D:
-            lens = gl.load(row + offs_j * stride_clj)
-        else:
-            lens = gl.load(row + offs_j * 0) - NEXT_N + offs_j + 1
-        lens = gl.minimum(gl.maximum(lens, 0), covered)
+        lens = lens_n
+        w_row = gl.expand_dims(w_n, 0)
+        more = v + 1 < v_end  # the next sequence's lengths and weights, requested now
+        lens_n = _row_lens(cl_ptr, v + 1, offs_j, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        w_n = _row_weights(w_ptr, v + 1, cols, more, stride_wm, NEXT_N, H)
         t_lo = gl.where(v == va, ta, 0)
         t_hi = gl.where(v == vb, tb + 1, gl.cdiv(gl.max(lens, 0), 64))
-        if t_hi > t_lo:
-            w_row = gl.expand_dims(gl.load(w_ptr + (v * NEXT_N + cols // H).to(gl.int64) * stride_wm + cols % H), 0)
-            rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
-            lens2 = gl.expand_dims(lens, 0)
-            qs = qn % 2
-            mbarrier.wait(q_ready.index(qs), (qn // 2) & 1)
-            q_op = q_smem.index(qs).permute((1, 0))
-            n_t = t_hi - t_lo
-            for i in range((g + WG) % 2, n_t, 2):
-                s = (g + i) % STAGES
-                mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
-                acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
-                                    is_async=True)
-                sc = gl.expand_dims(sc_smem.index(s).load(slay), 1)  # while the wgmma runs
-                blk = gl.max(ids.index(s).load(idl), 0)
-                acc = warpgroup_mma_wait(0, deps=(acc, ))
-                mbarrier.arrive(empty.index(s), count=1)
-                r = _head_sum(acc, w_row, NEXT_N, H)
-                p2 = (t_lo + i) * 64 + offs_t
-                seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-                gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
-            mbarrier.arrive(q_empty.index(qs), count=1)
-            g += n_t
-            qn += 1
+        rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
+        lens2 = gl.expand_dims(lens, 0)
+        qs = qn % 2
+        mbarrier.wait(q_ready.index(qs), (qn // 2) & 1)
+        q_op = q_smem.index(qs).permute((1, 0))
+        n_t = gl.maximum(t_hi - t_lo, 0)
+        for i in range((g + WG) % 2, n_t, 2):
+            s = (g + i) % STAGES
+            mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+            acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
+                                is_async=True)
+            sc = gl.expand_dims(sc_smem.index(s).load(slay), 1)  # while the wgmma runs
+            blk = gl.max(ids.index(s).load(idl), 0)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(empty.index(s), count=1)
+            r = _head_sum(acc, w_row, NEXT_N, H)
+            p2 = (t_lo + i) * 64 + offs_t
+            seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
+            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
+        mbarrier.arrive(q_empty.index(qs), count=1)
+        g += n_t
+        qn += 1
 
 
 @_jit
@@ -303,19 +321,20 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
     w_hi = (((pid + 1) * total) // P).to(gl.int32)
     f_lo = ((pid * fill_total) // P).to(gl.int32)
     f_hi = (((pid + 1) * fill_total) // P).to(gl.int32)
-    va, ta, vb, tb, base = _locate(offs_s, n0, 0, w_lo, w_hi)
-    fa, fta, fb, ftb, fbase = _locate(offs_s, gl.where(ok0, t_max - n0, 0), 0, f_lo, f_hi)
+    va, ta, vb, tb, base, n_va = _locate(offs_s, n0, 0, w_lo, w_hi)
+    fa, fta, fb, ftb, fbase, _ = _locate(offs_s, gl.where(ok0, t_max - n0, 0), 0, f_lo, f_hi)
     for c0 in range(SCHED_N, num_seqs, SCHED_N):
         v = c0 + offs_s
         n = _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-        d0, d1, d2, d3, d4 = _locate(v, n, base, w_lo, w_hi)
+        d0, d1, d2, d3, d4, d5 = _locate(v, n, base, w_lo, w_hi)
+        n_va += d5
         va += d0
         ta += d1
         vb += d2
         tb += d3
         base += d4
         if CLEAN:
-            d0, d1, d2, d3, d4 = _locate(v, gl.where(v < num_seqs, t_max - n, 0), fbase, f_lo, f_hi)
+            d0, d1, d2, d3, d4, _ = _locate(v, gl.where(v < num_seqs, t_max - n, 0), fbase, f_lo, f_hi)
             fa += d0
             fta += d1
             fb += d2
@@ -348,7 +367,7 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
                       vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
                       NEXT_N, H, STAGES, LENS_2D)),
             (_loader, (q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
+                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
                        H, BS, STAGES, LENS_2D)),
             (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
                        stride_om, NEXT_N, LENS_2D)),
@@ -362,7 +381,7 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
                       vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
                       NEXT_N, H, STAGES, LENS_2D)),
             (_loader, (q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
+                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
                        H, BS, STAGES, LENS_2D)),
         ], [4, 1], [MATH_REGS, LOADER_REGS])
 
