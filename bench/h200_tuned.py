@@ -169,6 +169,13 @@ def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device:
     if "tuned" in row["ms"] and singles:
         best = min(singles, key=lambda k: singles[k])
         row["best_single"], row["tuned_vs_best"] = best, singles[best] / row["ms"]["tuned"]
+        # The same comparison split in two, each within one protocol: the choice (the picked provider's
+        # own "-only" column against the best one: 1.0 when the pick is the fastest) and the tuned
+        # path's cost over running that provider (lookup plus noise between two columns of one kernel).
+        pick = f"{row.get('tuned_pick')}-only"
+        if pick in singles:
+            row["pick_vs_best"] = singles[best] / singles[pick]
+            row["tuned_vs_pick"] = singles[pick] / row["ms"]["tuned"]
     return row
 
 
@@ -239,6 +246,9 @@ def main() -> int:
         "tuned_vs_best_geomean": geomean(ratios), "tuned_vs_best_worst": min(ratios) if ratios else None,
         # Within 3%: the medians of two configurations running the same kernel differ by about that.
         "tuned_at_least_best_everywhere_within_3pct": bool(ratios) and min(ratios) >= 0.97,
+        "pick_vs_best_geomean": geomean(picks := [r["pick_vs_best"] for r in rows if "pick_vs_best" in r]),
+        "pick_vs_best_worst": min(picks) if picks else None,
+        "tuned_vs_pick_geomean": geomean([r["tuned_vs_pick"] for r in rows if "tuned_vs_pick" in r]),
         **{f"tuned_vs_{n}_only_geomean": geomean([r["ms"][f"{n}-only"] / r["ms"]["tuned"] for r in rows
                                                   if f"{n}-only" in r["ms"] and "tuned" in r["ms"]])
            for n in names},
@@ -250,15 +260,20 @@ def main() -> int:
     cols = ["tuned", *[f"{n}-only" for n in names]]
     width = max(13, *(len(c) for c in cols))
     print("\nshape                                         pick      "
-          + "  ".join(f"{c:>{width}}" for c in cols) + "  tuned/best")
+          + "  ".join(f"{c:>{width}}" for c in cols) + "  tuned/best  pick/best")
     for r in rows:
         cells = "  ".join(f"{r['ms'][c]:{width}.4f}" if c in r["ms"]
                           else f"{r['status'].get(c, '-')[:width]:>{width}}" for c in cols)
         ratio = f"{r['tuned_vs_best']:.2f}x" if "tuned_vs_best" in r else "-"
-        print(f"{r['shape'][:45]:45} {r.get('tuned_pick', '-'):9} {cells}  {ratio:>10}")
+        pick = f"{r['pick_vs_best']:.2f}x" if "pick_vs_best" in r else "-"
+        print(f"{r['shape'][:45]:45} {r.get('tuned_pick', '-'):9} {cells}  {ratio:>10}  {pick:>9}")
     g, worst = summary["tuned_vs_best_geomean"], summary["tuned_vs_best_worst"]
     print(f"tuned vs the best single provider per shape (ms ratio best/tuned, > 1 = tuned faster): geomean "
           f"{g:.3f}x, worst {worst:.3f}x over {len(ratios)} shapes" if ratios else "no shape was timed")
+    if picks:
+        print(f"the choice alone (the picked provider's -only column against the best -only column, same "
+              f"protocol): geomean {summary['pick_vs_best_geomean']:.3f}x, worst {summary['pick_vs_best_worst']:.3f}x; "
+              f"the tuned path against its pick's -only column: geomean {summary['tuned_vs_pick_geomean']:.3f}x")
     for n in names:
         v = summary[f"tuned_vs_{n}_only_geomean"]
         print(f"tuned vs {n}-only: geomean {v:.3f}x" if v else f"tuned vs {n}-only: -")

@@ -287,6 +287,9 @@ def test_the_h200_script_cpu_smoke(tmp_path):
     data = json.loads((tmp_path / "h200_tuned.json").read_text())
     assert data["smoke"] and data["tune_exit_status"] == 0 and data["timing"].startswith("interleaved")
     assert len(data["rows"]) == 5 and data["tuned_vs_best_geomean"] > 0
+    # the choice alone: the best -only column is the fastest by definition, so a pick is at most as fast
+    assert 0 < data["pick_vs_best_worst"] <= data["pick_vs_best_geomean"] <= 1.0
+    assert all(r["pick_vs_best"] == 1.0 for r in data["rows"] if r["best_single"] == f"{r['tuned_pick']}-only")
     for r in data["rows"]:
         assert r["status"]["tuned"] == r["status"]["torch_ref-only"] == "ok", r
         assert r["tuned_pick"] in ("torch_ref", "example_chunked") and set(r["ms"]) == set(r["calls_per_round"])
