@@ -104,7 +104,7 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     assert gp.unsupported(*args[:5]) is None
     for config in (None, gp.GluonPagedConfig(stages=4), None):  # the third call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
-    assert gp._LAUNCHES[gp._signature(*args[:5], clean, None)].bound
+    assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
 
 
 @pytest.mark.cuda
@@ -144,5 +144,5 @@ def test_gpu_provider_routes_measured_classes_here(poisoned, monkeypatch):
         prepared = GLUON.prepare_fp8_paged_mqa_logits(*args, clean_logits=True)
         assert isinstance(prepared, gp.PreparedCall) == here and prepared is not None
         check(prepared(*args[:5]), ref, True)
-        key = gp._signature(*args[:5], True, None)
+        key = gp._signature(*args[:5], True, None, gp._ptrs(*args[:5]))
         assert (key in gp._LAUNCHES) == here and (key in gp._TRITON_ROUTE) != here

@@ -472,19 +472,25 @@ _LAUNCHES_MAX = 256
 
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
-               tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None) -> tuple[Any, ...]:
+               tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None,
+               ptrs: tuple[int, ...]) -> tuple[Any, ...]:
     """What the compiled kernel and its launch depend on: device, dtypes, sizes but B and the pool's
-    block count, every stride (Triton specialises the stride arguments), the pointers' 16-byte
-    alignment, the clean mode and the config."""
+    block count, every stride (Triton specialises the stride arguments), the five pointers' 16-byte
+    residues (``ptrs``: q, pool, weights, lengths, tables), the clean mode and the config."""
     return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(), weights.stride(),
             weights.dtype, lens.dtype, lens.dim(), lens.stride(), tables.dtype, tables.stride(), clean, cfg,
-            residues((q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), lens.data_ptr(), tables.data_ptr())))
+            (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 and residues(ptrs))
 
 
-def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
-         tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
-    """The hot path: allocate the output, hand pointers and cached descriptor encodings to the bound
-    launcher."""
+def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
+          tables: torch.Tensor) -> tuple[int, ...]:
+    return q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), lens.data_ptr(), tables.data_ptr()
+
+
+def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, ptrs: tuple[int, ...],
+         max_context_len: int) -> torch.Tensor:
+    """The hot path: allocate the output, hand pointers (``ptrs``, as :func:`_ptrs`) and cached
+    descriptor encodings to the bound launcher."""
     b, next_n = q.shape[:2]
     nb, bs = kv_cache.shape[:2]
     out = _new_output(b * next_n, max_context_len, q.device)
@@ -493,11 +499,11 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     if not nb:
         return out.fill_(float("-inf"))
     bound = launch.bound
-    qp, kvp = q.data_ptr(), kv_cache.data_ptr()
+    qp, kvp = ptrs[0], ptrs[1]
     q_desc = bound.descriptor((0, qp, b), lambda: _q_descriptor(q))
     kv_desc = bound.descriptor((1, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[0])
     sc_desc = bound.descriptor((2, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[1])
-    args = (*q_desc, *kv_desc, *sc_desc, weights.data_ptr(), lens.data_ptr(), tables.data_ptr(), out.data_ptr(), b,
+    args = (*q_desc, *kv_desc, *sc_desc, ptrs[2], ptrs[3], ptrs[4], out.data_ptr(), b,
             max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides, out.stride(0),
             *launch.constexprs)
     _launch_on(bound, launch.grid, q.device.index, args)
@@ -518,10 +524,11 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
     reason outside its scope. The first call of a signature compiles and binds the launch; later ones
     allocate the output and launch (descriptors encoded once per pointer and size)."""
     clean_logits = bool(clean_logits)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config)
+    ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs)
     launch = _LAUNCHES.get(key)
     if launch is not None and launch.bound and not hooks_active():
-        return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
+        return _run(launch, q, kv_cache, block_tables, ptrs, max_context_len)
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
@@ -566,23 +573,24 @@ class PreparedCall:
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor) -> torch.Tensor:
-        ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(),
-                block_tables.data_ptr())
-        if hooks_active() or residues(ptrs) != self.residues:
+        ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
+        if hooks_active() or ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
+                              else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
                                               self.clean_logits)
-        return _run(self.launch, q, kv_cache, weights, context_lens, block_tables, self.max_context_len)
+        return _run(self.launch, q, kv_cache, block_tables, ptrs, self.max_context_len)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one (default config) once a call of its signature
     has bound a launch, else None."""
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None)
-    launch = _LAUNCHES.get(key)
+    ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
+    launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
+                                      ptrs))
     if launch is None or not launch.bound:
         return None
-    return PreparedCall(launch, max_context_len, bool(clean_logits), key[-1])
+    return PreparedCall(launch, max_context_len, bool(clean_logits), residues(ptrs))
 
 
 #: (next_n, H) classes where this kernel was measured ahead of the Triton kernel on the H200 (ragged
@@ -607,10 +615,11 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     from .paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
 
     clean_logits = bool(clean_logits)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None)
+    ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs)
     launch = _LAUNCHES.get(key)
     if launch is not None and launch.bound and not hooks_active():
-        return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
+        return _run(launch, q, kv_cache, block_tables, ptrs, max_context_len)
     if key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
             _TRITON_ROUTE.clear()
@@ -624,7 +633,8 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
 def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> Any:
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
+                     _ptrs(q, kv_cache, weights, context_lens, block_tables))
     if key in _TRITON_ROUTE:
         from .paged_mqa_logits_triton import prepare as prepare_triton
 
