@@ -48,18 +48,26 @@ _ROW_ALIGN = 16
 
 @dataclasses.dataclass(frozen=True)
 class GluonPagedConfig:
-    """Launch shape. ``stages``: depth of the tile ring (even: each slot stays with one math
-    warpgroup); the registers per thread of the partitions (the default math warpgroup gets what is
-    left)."""
+    """Launch shape. ``stages``: depth of the tile ring (a multiple of ``math_wgs``: each slot stays
+    with one math warpgroup); the registers per thread of the partitions (the default math warpgroup
+    gets what is left)."""
 
     stages: int = 8
-    math_regs: int = 232
-    loader_regs: int = 40
-    fill_regs: int = 40
+    #: Math warpgroups (2 or 4): tiles go round-robin to them, so this many epilogues are in flight.
+    math_wgs: int = 2
+    #: Registers per thread of the math partitions but the default one, of the loader and of the
+    #: filler; None: 232 / 40 / 40 with two math warpgroups, 112 / 24 / 24 with four (what the register
+    #: file holds without spills at next_n * H = 128; AOT sm_90 builds, tests/gluon).
+    math_regs: int | None = None
+    loader_regs: int | None = None
+    fill_regs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.stages < 2 or self.stages % 2:
-            raise ValueError(f"GluonPagedConfig.stages must be even and >= 2, got {self.stages}")
+        if self.math_wgs not in (2, 4):
+            raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
+        if self.stages < self.math_wgs or self.stages % self.math_wgs:
+            raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
+                             f"each ring slot stays with one math warpgroup; got {self.stages}")
 
 
 try:  # guarded: the module must import on any triton; gluon_supported() reports what is missing
@@ -130,9 +138,9 @@ def _locate(v, n, base, lo, hi):
 
 
 @_jit
-def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr,
-            bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb, NEXT_N: gl.constexpr,
-            H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
+            cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb,
+            NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
@@ -157,8 +165,10 @@ def _loader(q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty
         # every sequence of the range gets its q slot (the math warpgroups wait for each)
         qs = qn % 2
         mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+        w_box = w_smem.index(qs)._reinterpret(gl.float32, w_desc.block_type.shape, w_desc.layout)
+        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_box)
         qn += 1
         table = bt_ptr + v.to(gl.int64) * stride_btb
         for c in range(t_lo, t_hi, 32):
@@ -192,12 +202,6 @@ def _row_lens(cl_ptr, v, offs_j, ok, covered, stride_clb, stride_clj, NEXT_N: gl
 
 
 @_jit
-def _row_weights(w_ptr, v, cols, ok, stride_wm, NEXT_N: gl.constexpr, H: gl.constexpr):
-    """weights[v * next_n + c // H, c % H] for the accumulator's columns c."""
-    return gl.load(w_ptr + (v * NEXT_N + cols // H).to(gl.int64) * stride_wm + cols % H, mask=ok, other=0.0)
-
-
-@_jit
 def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
     """[64 keys, next_n rows]: sum over heads of relu(acc) * weights (adjacent columns: in-thread sums
     and quad shuffles)."""
@@ -205,10 +209,11 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
-          NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
-    """One math warpgroup: tiles of the CTA's global tile counter with parity WG."""
+def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
+          NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
+          LENS_2D: gl.constexpr):
+    """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
     # The head sum's result layout (what the compiler infers for the reduction of the accumulator):
@@ -220,17 +225,13 @@ def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, c
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
-    cols = gl.arange(0, NQ, layout=gl.SliceLayout(0, mlay))
     g = 0
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-    w_n = _row_weights(w_ptr, va, cols, True, stride_wm, NEXT_N, H)
     for v in range(va, v_end):
         lens = lens_n
-        w_row = gl.expand_dims(w_n, 0)
-        more = v + 1 < v_end  # the next sequence's lengths and weights, requested now
+        more = v + 1 < v_end  # the next sequence's lengths, requested now
         lens_n = _row_lens(cl_ptr, v + 1, offs_j, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-        w_n = _row_weights(w_ptr, v + 1, cols, more, stride_wm, NEXT_N, H)
         t_lo = gl.where(v == va, ta, 0)
         t_hi = gl.where(v == vb, tb + 1, gl.cdiv(gl.max(lens, 0), 64))
         rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
@@ -238,8 +239,9 @@ def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, c
         qs = qn % 2
         mbarrier.wait(q_ready.index(qs), (qn // 2) & 1)
         q_op = q_smem.index(qs).permute((1, 0))
+        w_row = gl.expand_dims(w_smem.index(qs).load(gl.SliceLayout(0, mlay)), 0)  # came with q
         n_t = gl.maximum(t_hi - t_lo, 0)
-        for i in range((g + WG) % 2, n_t, 2):
+        for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s = (g + i) % STAGES
             mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
@@ -258,20 +260,38 @@ def _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, c
 
 
 @_jit
-def _math0(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
-           v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
-           H: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
-    _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, 0, NEXT_N, H, STAGES,
+def _math0(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
+           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
+    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS,
           LENS_2D)
 
 
 @_jit
-def _math1(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
-           v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
-           H: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
-    _math(q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om, 1, NEXT_N, H, STAGES,
+def _math1(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
+           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
+    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS,
+          LENS_2D)
+
+
+@_jit
+def _math2(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
+           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
+    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS,
+          LENS_2D)
+
+
+@_jit
+def _math3(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
+           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
+    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
+          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS,
           LENS_2D)
 
 
@@ -295,10 +315,10 @@ def _filler(cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_
 
 
 @_jit_sizes
-def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, num_seqs, max_ctx, covered,
-                     num_blocks, stride_wm, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
-                     H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-                     CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, num_seqs, max_ctx, covered,
+                     num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
+                     H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
+                     LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
@@ -344,6 +364,7 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
     fv_end = gl.where(f_hi > f_lo, fb + 1, fa)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float32, [2, NQ], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 64, D],
                                        gl.NVMMASharedLayout.get_default_for([64, D], kv_desc.dtype))
     sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -357,37 +378,79 @@ def _paged_kernel_ws(q_desc, kv_desc, sc_desc, w_ptr, cl_ptr, bt_ptr, out_ptr, n
         mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # both math warpgroups release the q slot
-    if CLEAN:
-        gl.warp_specialize([
-            (_math0, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
-                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
-                      NEXT_N, H, STAGES, LENS_2D)),
-            (_math1, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
-                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
-                      NEXT_N, H, STAGES, LENS_2D)),
-            (_loader, (q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
-                       H, BS, STAGES, LENS_2D)),
-            (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
-                       stride_om, NEXT_N, LENS_2D)),
-        ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+        mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
+    # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
+    if MATH_WGS == 2:
+        if CLEAN:
+            gl.warp_specialize([
+                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
+                           stride_om, NEXT_N, LENS_2D)),
+            ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+        else:
+            gl.warp_specialize([
+                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+            ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
-        gl.warp_specialize([
-            (_math0, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
-                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
-                      NEXT_N, H, STAGES, LENS_2D)),
-            (_math1, (q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, w_ptr, cl_ptr, out_ptr, va, ta,
-                      vb, tb, v_end, covered, max_ctx, num_blocks, stride_wm, stride_clb, stride_clj, stride_om,
-                      NEXT_N, H, STAGES, LENS_2D)),
-            (_loader, (q_desc, kv_desc, sc_desc, q_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-                       cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb, NEXT_N,
-                       H, BS, STAGES, LENS_2D)),
-        ], [4, 1], [MATH_REGS, LOADER_REGS])
+        if CLEAN:
+            gl.warp_specialize([
+                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math2, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math3, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
+                           stride_om, NEXT_N, LENS_2D)),
+            ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
+        else:
+            gl.warp_specialize([
+                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math2, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math3, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+            ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
 def _layouts(d: int, nq: int) -> tuple[Any, Any, Any]:
-    """Shared-memory layouts of the three TMA boxes: q [NQ, D], values [1, 64, D], scales [1, 64]."""
+    """Shared-memory layouts of the TMA boxes: q [NQ, D], values [1, 64, D], and the unswizzled float32
+    ones (scales [1, 64], weights [next_n, H])."""
     return (gl.NVMMASharedLayout.get_default_for([nq, d], gl.float8e4nv),
             gl.NVMMASharedLayout.get_default_for([1, TILE, d], gl.float8e4nv),
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
@@ -395,9 +458,11 @@ def _layouts(d: int, nq: int) -> tuple[Any, Any, Any]:
 
 def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, lens_2d: bool,
                 clean: bool) -> dict[str, Any]:
-    return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "LENS_2D": bool(lens_2d),
-            "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs, "LOADER_REGS": cfg.loader_regs,
-            "FILL_REGS": cfg.fill_regs if clean else 0, "num_warps": 4}
+    two = cfg.math_wgs == 2
+    return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
+            "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
+            "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
@@ -422,8 +487,8 @@ def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, 
         return "q is not contiguous and 16-byte aligned (TMA reads it as [B * next_n * H, D] rows)"
     if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16:
         return "the page pool's start or block stride is not a multiple of 16 bytes (TMA needs both)"
-    if weights.dtype != torch.float32 or weights.stride(1) != 1:
-        return "weights are not float32 with unit inner stride"
+    if weights.dtype != torch.float32 or weights.stride(1) != 1 or weights.stride(0) % 4 or weights.data_ptr() % 16:
+        return "weights are not float32 rows with unit inner stride, 16-byte aligned (TMA reads them with q)"
     if context_lens.dtype != torch.int32 or block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
         return "context_lens and block_tables must be int32 (block_tables with unit inner stride)"
     return None
@@ -436,6 +501,14 @@ def _q_descriptor(q: torch.Tensor) -> Any:
     b, next_n, h, d = q.shape
     nq = next_n * h
     return TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [nq, d], _layouts(d, nq)[0])
+
+
+def _w_descriptor(weights: torch.Tensor, next_n: int) -> Any:
+    """weights [B * next_n, H] (any 16-byte row stride), one [next_n, H] box per sequence."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    m, h = weights.shape
+    return TensorDescriptor(weights, [m, h], [weights.stride(0), 1], [next_n, h], _layouts(16, 16)[2])
 
 
 def _kv_descriptors(kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -487,8 +560,8 @@ def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: 
     return q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), lens.data_ptr(), tables.data_ptr()
 
 
-def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor, ptrs: tuple[int, ...],
-         max_context_len: int) -> torch.Tensor:
+def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, tables: torch.Tensor,
+         ptrs: tuple[int, ...], max_context_len: int) -> torch.Tensor:
     """The hot path: allocate the output, hand pointers (``ptrs``, as :func:`_ptrs`) and cached
     descriptor encodings to the bound launcher."""
     b, next_n = q.shape[:2]
@@ -501,9 +574,10 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torch
     bound = launch.bound
     qp, kvp = ptrs[0], ptrs[1]
     q_desc = bound.descriptor((0, qp, b), lambda: _q_descriptor(q))
-    kv_desc = bound.descriptor((1, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[0])
-    sc_desc = bound.descriptor((2, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[1])
-    args = (*q_desc, *kv_desc, *sc_desc, ptrs[2], ptrs[3], ptrs[4], out.data_ptr(), b,
+    w_desc = bound.descriptor((1, ptrs[2], b), lambda: _w_descriptor(weights, next_n))
+    kv_desc = bound.descriptor((2, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[0])
+    sc_desc = bound.descriptor((3, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[1])
+    args = (*q_desc, *w_desc, *kv_desc, *sc_desc, ptrs[3], ptrs[4], out.data_ptr(), b,
             max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides, out.stride(0),
             *launch.constexprs)
     _launch_on(bound, launch.grid, q.device.index, args)
@@ -528,7 +602,7 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs)
     launch = _LAUNCHES.get(key)
     if launch is not None and launch.bound and not hooks_active():
-        return _run(launch, q, kv_cache, block_tables, ptrs, max_context_len)
+        return _run(launch, q, kv_cache, weights, block_tables, ptrs, max_context_len)
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
@@ -541,14 +615,13 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
         return out.fill_(float("-inf"))
     cfg = config or GluonPagedConfig()
     lens_2d = context_lens.dim() == 2
-    strides = (weights.stride(0), *(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)),
-               block_tables.stride(0))
+    strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits)
-    q_desc = _q_descriptor(q)
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
     with torch.cuda.device(q.device):
-        compiled = _paged_kernel_ws[(grid,)](q_desc, kv_desc, sc_desc, weights, context_lens, block_tables, out, b,
+        compiled = _paged_kernel_ws[(grid,)](_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc,
+                                             context_lens, block_tables, out, b,
                                              max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
                                              *strides, out.stride(0), **constexprs)
     if launch is None:
@@ -578,7 +651,7 @@ class PreparedCall:
                               else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
                                               self.clean_logits)
-        return _run(self.launch, q, kv_cache, block_tables, ptrs, self.max_context_len)
+        return _run(self.launch, q, kv_cache, weights, block_tables, ptrs, self.max_context_len)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
@@ -619,7 +692,7 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs)
     launch = _LAUNCHES.get(key)
     if launch is not None and launch.bound and not hooks_active():
-        return _run(launch, q, kv_cache, block_tables, ptrs, max_context_len)
+        return _run(launch, q, kv_cache, weights, block_tables, ptrs, max_context_len)
     if key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
             _TRITON_ROUTE.clear()
@@ -659,18 +732,19 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
     fn = _paged_kernel_ws
     q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
     sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
+           "w_desc": f"tensordesc<fp32[{next_n}, {h}],{sc_lay!r}>",
            "kv_desc": f"tensordesc<fp8e4nv[1, {TILE}, {d}],{kv_lay!r}>",
            "sc_desc": f"tensordesc<fp32[1, {TILE}],{sc_lay!r}>",
-           "w_ptr": "*fp32", "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32"}
-    for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_wm", "stride_clb", "stride_clj",
-                 "stride_btb", "stride_om"):
+           "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32"}
+    for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
+                 "stride_om"):
         sig[name] = "i32"
     kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
     constexprs = {}
     for key, val in kw.items():
         sig[key] = "constexpr"
         constexprs[(fn.arg_names.index(key), )] = val
-    aligned = ("w_ptr", "cl_ptr", "bt_ptr", "out_ptr", "stride_wm", "stride_btb", "stride_om")
+    aligned = ("cl_ptr", "bt_ptr", "out_ptr", "stride_btb", "stride_om")
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in aligned}
     return triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
