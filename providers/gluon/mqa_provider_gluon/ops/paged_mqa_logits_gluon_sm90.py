@@ -54,7 +54,8 @@ class GluonPagedConfig:
 
     stages: int = 8
     #: Math warpgroups (2 or 4): tiles go round-robin to them, so this many epilogues are in flight.
-    math_wgs: int = 2
+    #: Four measured ahead at every shape class (bench/README.md, round 9).
+    math_wgs: int = 4
     #: Registers per thread of the math partitions but the default one, of the loader and of the
     #: filler; None: 232 / 40 / 40 with two math warpgroups, 112 / 24 / 24 with four (what the register
     #: file holds without spills at next_n * H = 128; AOT sm_90 builds, tests/gluon).
@@ -109,6 +110,17 @@ def _seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N: gl.constex
     else:  # the last row sees lens[b] - next_n + next_n positions
         hi = gl.load(row, mask=v_ok, other=0)
     return gl.minimum(gl.maximum(hi, 0), covered)
+
+
+@_jit
+def _share(i, total, P):
+    """floor(i * total / P) for 0 <= i <= P: in 32 bits where the product fits (integer division is
+    emulated, and 64-bit division costs several times more)."""
+    if total <= 2147483647 // P:
+        r = (i * total) // P
+    else:
+        r = ((i.to(gl.int64) * total) // P).to(gl.int32)
+    return r
 
 
 @_jit
@@ -335,14 +347,22 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
         total += gl.sum(_chunk_tiles(cl_ptr, c0 + offs_s, num_seqs, covered, stride_clb, stride_clj, NEXT_N,
                                      LENS_2D), 0)
     fill_total = num_seqs * t_max - total
-    pid = gl.program_id(0).to(gl.int64)
+    pid = gl.program_id(0)
     P = gl.num_programs(0)
-    w_lo = ((pid * total) // P).to(gl.int32)
-    w_hi = (((pid + 1) * total) // P).to(gl.int32)
-    f_lo = ((pid * fill_total) // P).to(gl.int32)
-    f_hi = (((pid + 1) * fill_total) // P).to(gl.int32)
+    w_lo = _share(pid, total, P)
+    w_hi = _share(pid + 1, total, P)
     va, ta, vb, tb, base, n_va = _locate(offs_s, n0, 0, w_lo, w_hi)
-    fa, fta, fb, ftb, fbase, _ = _locate(offs_s, gl.where(ok0, t_max - n0, 0), 0, f_lo, f_hi)
+    fa = 0
+    fta = 0
+    fb = 0
+    ftb = 0
+    fbase = 0
+    f_lo = 0
+    f_hi = 0
+    if CLEAN:
+        f_lo = _share(pid, fill_total, P)
+        f_hi = _share(pid + 1, fill_total, P)
+        fa, fta, fb, ftb, fbase, _ = _locate(offs_s, gl.where(ok0, t_max - n0, 0), 0, f_lo, f_hi)
     for c0 in range(SCHED_N, num_seqs, SCHED_N):
         v = c0 + offs_s
         n = _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
