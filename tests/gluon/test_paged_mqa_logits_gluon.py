@@ -35,6 +35,45 @@ def test_sm90_build_uses_fp8_wgmma_without_spills(next_n, h, clean, lens_2d, mat
     assert facts.shared_bytes <= 227 * 1024, facts  # one CTA per SM: the ring fits
 
 
+def _tma_destination_offsets(ptx: str) -> list[int]:
+    """The buffer offsets (immediates >= 1024 added on the way) of every TMA copy's shared-memory
+    destination, traced back through the PTX's integer arithmetic."""
+    import re
+
+    lines = ptx.splitlines()
+    found: list[int] = []
+
+    def trace(reg: str, idx: int, depth: int) -> None:
+        for j in range(idx, max(0, idx - 400), -1):
+            m = re.search(r"\b(?:mov|add|mad|shl|sub|or)\S*\s+" + re.escape(reg) + r",(.*);", lines[j])
+            if m:
+                if lines[j].lstrip().startswith("add.s32") and (imm := re.search(r",\s*(\d+);", lines[j])):
+                    if int(imm.group(1)) >= 1024:
+                        found.append(int(imm.group(1)))
+                if depth < 4:
+                    for r in re.findall(r"%r\w+", m.group(1)):
+                        trace(r, j - 1, depth + 1)
+                return
+
+    for i, line in enumerate(lines):
+        if "cp.async.bulk.tensor" in line:
+            trace(re.search(r"bytes \[(%r\w+)\]", line).group(1), i - 1, 0)
+    return found
+
+
+@needs_gluon_api
+@pytest.mark.parametrize("next_n,h,lens_2d", [(1, 32, False), (1, 32, True), (2, 64, True), (1, 16, False)])
+def test_tma_destinations_are_128_byte_aligned(next_n, h, lens_2d):
+    """TMA faults on a shared-memory destination that is not 128-byte aligned (a sticky CUDA error
+    that fails every later call). Round 9 on the H200: weights and scales rings allocated with a
+    plain layout landed 32 bytes off at next_n=1, H=32 with 1-D lengths; they now take their
+    descriptors' layouts."""
+    k = gp.compile_sm90(next_n=next_n, h=h, d=64 if h == 16 else 128, lens_2d=lens_2d, clean_logits=True)
+    offsets = _tma_destination_offsets(k.asm["ptx"])
+    assert offsets, "no TMA destination traced"
+    assert all(o % 128 == 0 for o in offsets), offsets
+
+
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
     with pytest.raises(ValueError, match="multiple of math_wgs"):
         gp.GluonPagedConfig(stages=7)

@@ -179,8 +179,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
         mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
         mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
-        w_box = w_smem.index(qs)._reinterpret(gl.float32, w_desc.block_type.shape, w_desc.layout)
-        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_box)
+        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
         qn += 1
         table = bt_ptr + v.to(gl.int64) * stride_btb
         for c in range(t_lo, t_hi, 32):
@@ -196,8 +195,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                 # The [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes).
                 box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
                 tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
-                sc_box = sc_smem.index(s)._reinterpret(gl.float32, sc_desc.block_type.shape, sc_desc.layout)
-                tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_box)
+                tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
                 g += 1
             blk_ids = nxt
 
@@ -235,6 +233,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     slay: gl.constexpr = gl.SliceLayout(1, rlay)
     jlay: gl.constexpr = gl.SliceLayout(0, rlay)
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
     g = 0
@@ -251,14 +250,15 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         qs = qn % 2
         mbarrier.wait(q_ready.index(qs), (qn // 2) & 1)
         q_op = q_smem.index(qs).permute((1, 0))
-        w_row = gl.expand_dims(w_smem.index(qs).load(gl.SliceLayout(0, mlay)), 0)  # came with q
+        w_row = gl.expand_dims(w_smem.index(qs)._reinterpret(gl.float32, [NQ], flat).load(gl.SliceLayout(0, mlay)),
+                               0)  # came with q
         n_t = gl.maximum(t_hi - t_lo, 0)
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s = (g + i) % STAGES
             mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
-            sc = gl.expand_dims(sc_smem.index(s).load(slay), 1)  # while the wgmma runs
+            sc = gl.expand_dims(sc_smem.index(s)._reinterpret(gl.float32, [64], flat).load(slay), 1)  # during the wgmma
             blk = gl.max(ids.index(s).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(empty.index(s), count=1)
@@ -384,10 +384,12 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     fv_end = gl.where(f_hi > f_lo, fb + 1, fa)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.float32, [2, NQ], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # The float32 TMA targets take their descriptors' layouts, so the allocator aligns them as TMA needs
+    # (128 bytes); the math reads them through flat views of the same bytes.
+    w_smem = gl.allocate_shared_memory(gl.float32, [2, NEXT_N, H], w_desc.layout)
     k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 64, D],
                                        gl.NVMMASharedLayout.get_default_for([64, D], kv_desc.dtype))
-    sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    sc_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, 64], sc_desc.layout)
     ids = gl.allocate_shared_memory(gl.int32, [STAGES, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
