@@ -133,8 +133,13 @@ def test_kit_fails_every_wrong_provider(pytester: pytest.Pytester, monkeypatch: 
         assert outcomes(per[name], "test_prefill_positive") == {"failed": 2}, name
         assert outcomes(per[name], "test_prefill_layout") == {"failed": 4}, name
     for name in ("wrong_x104", "wrong_bf16", "wrong_lastkey0"):
-        paged = outcomes(per[name], "test_paged")  # bf16 may round a one-cell case exactly enough
-        assert paged["failed"] >= len(per[name]["test_paged"]) - (name == "wrong_bf16"), (name, paged)
+        # B=1, next_n=1 with 1-D lengths has one visible cell (its context is pinned to 1). Its logit can
+        # cancel to far below the sum of its terms' magnitudes, which sets the error bound, so a 4% or
+        # bf16 error there may stay inside it (a fresh seed each run: CI met one, base seed 975652623).
+        # Every case with more than one visible cell must fail.
+        one_cell = {f"{name}-e4m3fn-B1-next1-lens1d-{c}" for c in ("clean", "unclean")}
+        assert set(failed_ids(per[name], "test_paged")) >= {i for i, _, _ in per[name]["test_paged"]} - one_cell, \
+            (name, outcomes(per[name], "test_paged"))
         assert outcomes(per[name], "test_paged_positive") == {"failed": 1}, name
     # One key too many: only where a window ends before N with clean_logits (the extra cell must be -inf).
     assert "wrong_edge-e4m3fn-edges-clean" in failed_ids(per["wrong_edge"], "test_prefill_window")
