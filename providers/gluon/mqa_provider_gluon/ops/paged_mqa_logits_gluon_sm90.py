@@ -272,42 +272,6 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
 
 
 @_jit
-def _math0(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
-           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
-    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS,
-          LENS_2D)
-
-
-@_jit
-def _math1(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
-           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
-    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS,
-          LENS_2D)
-
-
-@_jit
-def _math2(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
-           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
-    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS,
-          LENS_2D)
-
-
-@_jit
-def _math3(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-           v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N: gl.constexpr,
-           H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr):
-    _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS,
-          LENS_2D)
-
-
-@_jit
 def _filler(cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj, stride_om,
             NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
     """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
@@ -405,11 +369,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     if MATH_WGS == 2:
         if CLEAN:
             gl.warp_specialize([
-                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
@@ -419,11 +383,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
-                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
@@ -432,17 +396,17 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     else:
         if CLEAN:
             gl.warp_specialize([
-                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math2, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math3, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
@@ -452,17 +416,17 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
-                (_math0, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math1, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math2, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
-                (_math3, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, NEXT_N,
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
