@@ -9,9 +9,10 @@ memory system busy by itself:
   tile's fp8 values (a [1, 64, D] box of the cache viewed as [blocks, block_size, D], so strided page
   pools need no copy) and one of its 64 float32 scales (a [1, 64] box of the scales viewed as
   [blocks, block_size]), into a STAGES-deep ring guarded by mbarriers; per sequence the q rows
-  ([next_n * H, D], one box) into a double buffer;
-- two **math** warpgroups take alternate tiles: one wgmma with M = 64 keys, N = next_n * H query rows,
-  K = D, then relu, the weight FMA, the head sum, the scale, the visibility mask and the store;
+  ([next_n * H, D], one box) and the weights ([next_n, H]) into a double buffer;
+- four (or two) **math** warpgroups take the tiles round-robin: one wgmma with M = 64 keys,
+  N = next_n * H query rows, K = D, then relu, the weight FMA, the head sum, the scale, the
+  visibility mask and the store (four epilogues in flight are what the next_n = 2, H = 64 class needs);
 - with ``clean_logits`` a one-warp **filler** writes the ``-inf`` tails (tiles past each sequence's
   context) while the others work.
 
@@ -21,7 +22,9 @@ launch, no host synchronisation, so it is capturable in a CUDA graph).
 
 Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
 two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
-call is outside it; the provider then serves the call with the Triton kernel.
+call is outside it; the provider then serves the call with the Triton kernel. The provider sends a
+call here only for the classes in :data:`MEASURED_AHEAD` (empty until this build's GPU tests have
+passed on an H200: bench/README.md, round 9).
 """
 
 from __future__ import annotations
