@@ -244,7 +244,14 @@ def test_gate_and_hooks_keep_triton_launching(host, monkeypatch: pytest.MonkeyPa
     for _ in range(3):
         op.fp8_mqa_logits_triton(*args, config=SMALL)
     assert not host.direct_calls and not op._BOUND
-    assert host.launches[-1] == host.launches[-2]
+    # the same kernel, grid and scalar arguments each time; the freshly allocated output may sit at
+    # another address from one call to the next (a clean-clone CI run met that)
+    def shape(v):  # addresses (ints past 2**32) as one placeholder, everything else as it is
+        if isinstance(v, tuple):
+            return tuple(shape(x) for x in v)
+        return "address" if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 32 else v
+
+    assert shape(host.launches[-1]) == shape(host.launches[-2])
 
 
 def test_fnuz_is_refused_on_nvidia(host):
