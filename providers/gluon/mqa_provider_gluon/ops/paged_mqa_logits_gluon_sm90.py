@@ -36,7 +36,8 @@ import torch
 
 from ..launch import bind, direct_launch_unsupported, hooks_active, residues
 from .mqa_logits_gluon_sm90 import gluon_supported
-from .paged_mqa_logits_triton import _launch_on
+from .paged_mqa_logits_triton import _device_facts, _launch_on, fp8_paged_mqa_logits_triton
+from .paged_mqa_logits_triton import prepare as prepare_triton
 
 __all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_logits_gluon",
            "fp8_paged_mqa_logits_sm90", "prepare", "prepare_sm90", "serves", "unsupported"]
@@ -674,8 +675,6 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
                               clean_logits: bool = True) -> torch.Tensor:
     """The ``gluon`` provider's paged op on sm_90: this kernel where :func:`serves` (decided once per
     call signature), else the Triton kernel."""
-    from .paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
-
     clean_logits = bool(clean_logits)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs)
@@ -698,15 +697,11 @@ def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
                      _ptrs(q, kv_cache, weights, context_lens, block_tables))
     if key in _TRITON_ROUTE:
-        from .paged_mqa_logits_triton import prepare as prepare_triton
-
         return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
     return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
 
 
 def _multiprocessors(index: int | None) -> int:
-    from .paged_mqa_logits_triton import _device_facts
-
     return _device_facts(index or 0)[0]
 
 
