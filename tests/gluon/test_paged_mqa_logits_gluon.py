@@ -15,7 +15,6 @@ from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import _triton_version_reason 
 
 needs_gluon_api = pytest.mark.skipif(_triton_version_reason() is not None,
                                      reason=f"Gluon kernels are written for triton 3.6: {_triton_version_reason()}")
-on_h200 = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 @needs_gluon_api
@@ -130,13 +129,11 @@ CASES = [  # batch, next_n, H, D, ctx, block_size, lens: "1d" | "2d" (DeepGEMM's
 ]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("batch,next_n,h,d,ctx,bs,lens_kind", CASES)
 @pytest.mark.parametrize("clean", [True, False])
-def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kind, clean, request):
-    for mark in on_h200:
-        request.applymarker(mark)
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kind, clean):
     inp = make_paged_inputs(batch, next_n, h, d, ctx, block_size=bs, lens_2d=lens_kind == "2d", seed=batch + ctx)
     lens = _arbitrary_lens(batch, next_n, ctx, seed=ctx) if lens_kind == "any" else inp.context_lens.clone()
     if batch > 2:
