@@ -132,7 +132,9 @@ def cpu_paged_stage(stack: ExitStack) -> None:
     the host-only driver with a no-op C launch; the core's arch lookup answers sm_90."""
     import contextlib
 
+    from mqa_provider_gluon import kernels
     from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+    from mqa_provider_gluon.ops import paged_mqa_logits_gluon_sm90 as gp_op
     from mqa_provider_gluon.ops import paged_mqa_logits_triton as pg_op
 
     import mqa_core.api
@@ -140,7 +142,11 @@ def cpu_paged_stage(stack: ExitStack) -> None:
 
     sm90 = lambda device=None: "sm_90"  # noqa: E731
     pg_op._arch_of = sm90  # type: ignore[assignment]
-    pg_op._device_facts = lambda index: (132, 65536, 233472, 2048)  # type: ignore[assignment]
+    pg_op._device_facts = gp_op._device_facts = lambda index: (132, 65536, 233472, 2048)  # type: ignore
+    gp_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
+    triton_pair = kernels.paged_launcher(False, -1)
+    kernels.paged_launcher = lambda use_gluon, index: (  # type: ignore[assignment]
+        (gp_op.fp8_paged_mqa_logits_sm90, gp_op.prepare_sm90) if use_gluon else triton_pair)
     pg_op._stream = lambda index: 0  # type: ignore[assignment]
     torch.cuda.device = lambda device: contextlib.nullcontext()  # type: ignore[assignment,misc]
     mqa_core.api.arch_of_device = sm90  # type: ignore[assignment]
@@ -183,6 +189,17 @@ def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[]
                                                                        x.block_tables, meta, n, PAGED_CLEAN)
         except Exception as exc:
             print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
+    # the gluon provider's levels: its paged op sends these classes to the Gluon kernel on sm_90
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
+
+    from mqa_core.testing.providers import provider_named
+
+    gluon_fn = provider_named("gluon", "sm_90", op="fp8_paged_mqa_logits", dtype=x.q.dtype).fp8_paged_mqa_logits
+    kernels.GLUON.fp8_paged_mqa_logits(*args, clean_logits=PAGED_CLEAN)  # compiles and binds
+    prepared = kernels.GLUON.prepare_fp8_paged_mqa_logits(*args, clean_logits=PAGED_CLEAN)
+    rows["gluon provider"] = lambda: gluon_fn(*args, clean_logits=PAGED_CLEAN)
+    rows["gluon prepared"] = lambda: prepared(*args[:5])
+    rows["gluon kernel"] = lambda: fp8_paged_mqa_logits_gluon(*args, PAGED_CLEAN)
     m = PAGED_B * next_n
     rows["torch.empty"] = lambda: torch.empty((m, n), dtype=torch.float32, device=device)
     return rows

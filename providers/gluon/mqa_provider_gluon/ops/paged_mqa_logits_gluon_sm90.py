@@ -23,8 +23,9 @@ launch, no host synchronisation, so it is capturable in a CUDA graph).
 Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
 two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
 call is outside it; the provider then serves the call with the Triton kernel. The provider sends a
-call here only for the classes in :data:`MEASURED_AHEAD` (empty until this build's GPU tests have
-passed on an H200: bench/README.md, round 9).
+call here only for the classes in :data:`MEASURED_AHEAD`: next_n in (1, 2) with H in (32, 64), each
+measured ahead of the Triton kernel on the H200 once this build's GPU tests passed there
+(bench/README.md, rounds 9 and 10).
 """
 
 from __future__ import annotations
@@ -550,34 +551,37 @@ def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: 
     return q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), lens.data_ptr(), tables.data_ptr()
 
 
-def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, tables: torch.Tensor,
-         ptrs: tuple[int, ...], max_context_len: int) -> torch.Tensor:
-    """The hot path: allocate the output, hand pointers (``ptrs``, as :func:`_ptrs`) and cached
-    descriptor encodings to the bound launcher."""
-    b, next_n = q.shape[:2]
+def _tail(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor,
+          max_context_len: int) -> tuple[Any, ...]:
+    """The kernel's arguments after the output pointer (B ... the constexprs), in parameter order."""
     nb, bs = kv_cache.shape[:2]
-    out = _new_output(b * next_n, max_context_len, q.device)
-    if not (b and max_context_len):
-        return out
-    if not nb:
-        return out.fill_(float("-inf"))
+    return (q.shape[0], max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides,
+            _row(max_context_len), *launch.constexprs)
+
+
+def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, ptrs: tuple[int, ...],
+         size: tuple[int, int], row: int, index: int | None, tail: tuple[Any, ...]) -> torch.Tensor:
+    """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
+    the output (``size``, row stride ``row``), hand the pointers (``ptrs``, as :func:`_ptrs`), the
+    cached descriptor encodings (one lookup for all four) and ``tail`` (:func:`_tail`) to the bound
+    launcher."""
+    out = torch.empty_strided(size, (row, 1), dtype=torch.float32, device=q.device)
     bound = launch.bound
-    qp, kvp = ptrs[0], ptrs[1]
-    q_desc = bound.descriptor((0, qp, b), lambda: _q_descriptor(q))
-    w_desc = bound.descriptor((1, ptrs[2], b), lambda: _w_descriptor(weights, next_n))
-    kv_desc = bound.descriptor((2, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[0])
-    sc_desc = bound.descriptor((3, kvp, nb), lambda: _kv_descriptors(kv_cache, q.dtype)[1])
-    args = (*q_desc, *w_desc, *kv_desc, *sc_desc, ptrs[3], ptrs[4], out.data_ptr(), b,
-            max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides, out.stride(0),
-            *launch.constexprs)
-    _launch_on(bound, launch.grid, q.device.index, args)
+    b, nb = tail[0], tail[3]
+    descs = bound.descriptors((0, ptrs[0], ptrs[2], ptrs[1], b, nb), lambda: (
+        _q_descriptor(q), _w_descriptor(weights, q.shape[1]), *_kv_descriptors(kv_cache, q.dtype)))
+    _launch_on(bound, launch.grid, index, (*descs, ptrs[3], ptrs[4], out.data_ptr(), *tail))
     return out
+
+
+def _row(n: int) -> int:
+    """The output's row stride: ``n`` rounded up to 16 floats (rows start 64-byte aligned)."""
+    return -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
 
 
 def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
     """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
-    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
-    return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
+    return torch.empty_strided((m, n), (_row(n), 1), dtype=torch.float32, device=device)
 
 
 def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -590,9 +594,19 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
     clean_logits = bool(clean_logits)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs)
-    launch = _LAUNCHES.get(key)
-    if launch is not None and launch.bound and not hooks_active():
-        return _run(launch, q, kv_cache, weights, block_tables, ptrs, max_context_len)
+    return _call(_LAUNCHES.get(key), key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                 clean_logits, config)
+
+
+def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q: torch.Tensor,
+          kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
+          max_context_len: int, clean_logits: bool, config: GluonPagedConfig | None) -> torch.Tensor:
+    """:func:`fp8_paged_mqa_logits_gluon` once its signature ``key`` (with ``launch``, what
+    ``_LAUNCHES`` holds for it) is known: the bound launch, or the checks, Triton's launch and binding."""
+    if launch is not None and launch.bound and not hooks_active() and q.shape[0] and max_context_len \
+            and kv_cache.shape[0]:
+        return _run(launch, q, kv_cache, weights, ptrs, (q.shape[0] * q.shape[1], max_context_len),
+                    _row(max_context_len), q.device.index, _tail(launch, q, kv_cache, block_tables, max_context_len))
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
@@ -625,11 +639,17 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedCall:
-    """mqa-core's prepared call for one full call signature (``mqa_core.memo``): the bound launch and
-    the fixed ``max_context_len`` / ``clean_logits``. Per call it reads five pointers (other 16-byte
-    residues, or a Triton launch hook, take the full launcher), allocates and launches."""
+    """mqa-core's prepared call for one full call signature (``mqa_core.memo``: every shape and stride
+    fixed), with everything that signature fixes worked out once: the bound launch, the output's size
+    and row stride, the kernel's arguments after the output pointer. Per call it reads five pointers
+    (other 16-byte residues, or a Triton launch hook, take the full launcher), allocates and launches."""
 
     launch: _Launch
+    size: tuple[int, int]
+    row: int
+    index: int | None
+    #: :func:`_tail`: B ... the constexprs.
+    tail: tuple[Any, ...]
     max_context_len: int
     clean_logits: bool
     residues: tuple[int, ...] | None
@@ -641,24 +661,28 @@ class PreparedCall:
                               else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
                                               self.clean_logits)
-        return _run(self.launch, q, kv_cache, weights, block_tables, ptrs, self.max_context_len)
+        return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.row, self.index, self.tail)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one (default config) once a call of its signature
-    has bound a launch, else None."""
+    has bound a launch, else None (also for an empty output or pool: the full path handles those)."""
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
                                       ptrs))
-    if launch is None or not launch.bound:
+    if launch is None or not launch.bound or not (q.shape[0] and max_context_len and kv_cache.shape[0]):
         return None
-    return PreparedCall(launch, max_context_len, bool(clean_logits), residues(ptrs))
+    return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), _row(max_context_len), q.device.index,
+                        _tail(launch, q, kv_cache, block_tables, max_context_len), max_context_len,
+                        bool(clean_logits), residues(ptrs))
 
 
 #: (next_n, H) classes where this kernel was measured ahead of the Triton kernel on the H200 (ragged
-#: batches, graph replay, bench/h200_decode_vs_deepgemm.py); the provider sends the others to Triton.
-MEASURED_AHEAD: frozenset[tuple[int, int]] = frozenset()
+#: batches, graph replay, bench/h200_decode_vs_deepgemm.py: ahead on all 36 shapes, 0.95-0.96x
+#: DeepGEMM per class against the Triton kernel's 0.83-0.93x; bench/README.md, round 10); the provider
+#: sends the others to Triton.
+MEASURED_AHEAD: frozenset[tuple[int, int]] = frozenset({(1, 32), (1, 64), (2, 32), (2, 64)})
 #: Call signatures that :func:`fp8_paged_mqa_logits_sm90` sends to the Triton kernel.
 _TRITON_ROUTE: set[tuple[Any, ...]] = set()
 
@@ -679,16 +703,14 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs)
     launch = _LAUNCHES.get(key)
-    if launch is not None and launch.bound and not hooks_active():
-        return _run(launch, q, kv_cache, weights, block_tables, ptrs, max_context_len)
-    if key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables):
+    if launch is None and (key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables)):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
             _TRITON_ROUTE.clear()
         _TRITON_ROUTE.add(key)
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
                                            clean_logits)
-    return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                      clean_logits)
+    return _call(launch, key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
+                 None)
 
 
 def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
