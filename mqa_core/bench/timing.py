@@ -151,8 +151,10 @@ def time_interleaved(calls: Mapping[str, Callable[[Any], Any]], inputs: Sequence
     """Per name, ms per call of ``calls[name](inputs[i % len(inputs)])``: one sample per round, each
     the mean of a batch of back-to-back calls (``batch_ms``), every name once per round (``interleaved``).
 
-    Each name gets ``warmup`` single calls, then its batch size from ``calls_for`` (a batch lasts at
-    least ``target_ms``, at most ``most`` calls). Each name reads the input sets in turn across all its
+    Each name gets ``warmup`` single calls, at least one per input set when ``warmup`` > 0 (a kernel
+    that caches per address, as TMA descriptor encodings are, meets each set's first call before the
+    timing, as an engine's steady state has met its few addresses), then its batch size from
+    ``calls_for`` (a batch lasts at least ``target_ms``, at most ``most`` calls). Each name reads the input sets in turn across all its
     calls. ``scopes[name]()``, where given, is entered around each of that name's batches (once around
     its warm-up and sizing) and outside the timed span: the settings a configuration needs, say.
     """
@@ -171,11 +173,12 @@ def time_interleaved(calls: Mapping[str, Callable[[Any], Any]], inputs: Sequence
             return timed(name, n)
 
     sizes: dict[str, int] = {}
+    warm = max(warmup, len(inputs)) if warmup else 0
     for name, call in calls.items():
         with scope(name):
-            for i in range(warmup):
+            for i in range(warm):
                 call(inputs[i % len(inputs)])
-            start[name] = warmup
+            start[name] = warm
             sizes[name] = calls_for(functools.partial(timed, name), target_ms=target_ms, most=most)
     samples = interleaved({name: functools.partial(scoped, name, sizes[name]) for name in calls}, rounds)
     return {name: Timing(tuple(ms / sizes[name] for ms in samples[name]), sizes[name]) for name in calls}

@@ -31,6 +31,7 @@ measured ahead of the Triton kernel on the H200 once this build's GPU tests pass
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import torch
@@ -439,6 +440,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
+@functools.cache
 def _layouts(d: int, nq: int) -> tuple[Any, Any, Any]:
     """Shared-memory layouts of the TMA boxes: q [NQ, D], values [1, 64, D], and the unswizzled float32
     ones (scales [1, 64], weights [next_n, H])."""
@@ -563,14 +565,16 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
          size: tuple[int, int], row: int, index: int | None, tail: tuple[Any, ...]) -> torch.Tensor:
     """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
     the output (``size``, row stride ``row``), hand the pointers (``ptrs``, as :func:`_ptrs`), the
-    cached descriptor encodings (one lookup for all four) and ``tail`` (:func:`_tail`) to the bound
+    cached descriptor encodings and ``tail`` (:func:`_tail`) to the bound
     launcher."""
     out = torch.empty_strided(size, (row, 1), dtype=torch.float32, device=q.device)
     bound = launch.bound
     b, nb = tail[0], tail[3]
-    descs = bound.descriptors((0, ptrs[0], ptrs[2], ptrs[1], b, nb), lambda: (
-        _q_descriptor(q), _w_descriptor(weights, q.shape[1]), *_kv_descriptors(kv_cache, q.dtype)))
-    _launch_on(bound, launch.grid, index, (*descs, ptrs[3], ptrs[4], out.data_ptr(), *tail))
+    # keyed per tensor (an engine's q, weights and per-layer pools combine into many more triples)
+    q_desc = bound.descriptor((0, ptrs[0], b), lambda: _q_descriptor(q))
+    w_desc = bound.descriptor((1, ptrs[2], b), lambda: _w_descriptor(weights, q.shape[1]))
+    kv_descs = bound.descriptors((2, ptrs[1], nb), lambda: _kv_descriptors(kv_cache, q.dtype))
+    _launch_on(bound, launch.grid, index, (*q_desc, *w_desc, *kv_descs, ptrs[3], ptrs[4], out.data_ptr(), *tail))
     return out
 
 
