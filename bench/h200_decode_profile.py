@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200_decode_vs_deepgemm import BLOCK, D, Batch  # noqa: E402
+from h200_decode_vs_deepgemm import BLOCK, Batch, D  # noqa: E402
 
 #: (B, context, next_n, H): the two shapes furthest behind DeepGEMM in round 10.
 SHAPES = ((32, 4096, 2, 64), (256, 4096, 1, 32))
