@@ -35,14 +35,15 @@ the H200). The table comes last; JSON rows go to ``$OUT/h200_launch.json``.
 
 Paged (``--paged``): the decode op on B=32, H=64, D=128, 64-token blocks, contexts up to 4096, for
 next_n in {2, 1} with 2-D and 1-D context lengths, clean_logits=False (DeepGEMM's only mode with
-2-D lengths; ``PAGED_CLEAN``). Rows, outermost first:
-``api`` (``mqa_core.fp8_paged_mqa_logits`` under ``MQA_PROVIDER=triton``), ``provider``
-(``Provider.fp8_paged_mqa_logits`` of ``get_provider(op="fp8_paged_mqa_logits")`` for triton),
-``kernel object`` (``kernels.TRITON.fp8_paged_mqa_logits``), ``kernel``
-(``fp8_paged_mqa_logits_triton``, its default config), ``deepgemm`` (its whole call, metadata computed
-once) and ``torch.empty``. With ``--cpu`` the op module sees an sm_90 device with 132 SMs and stream
-0, and the core's arch lookup answers sm_90 for the CPU tensors (so the triton provider is chosen
-and validated as on the H200); what ``torch.cuda.current_device()`` and the stream query cost on a GPU
+2-D lengths; ``PAGED_CLEAN``). Per provider P of ``PAGED_PROVIDERS`` (one pass each, under
+``MQA_PROVIDER=P``), rows outermost first: ``P api`` (``mqa_core.fp8_paged_mqa_logits``), ``P provider``
+(``Provider.fp8_paged_mqa_logits`` of ``get_provider(op="fp8_paged_mqa_logits")``), ``P prepared`` (the
+kernel object's ``prepare_fp8_paged_mqa_logits`` call, what the api's remembered signatures run),
+``P kernel`` (``fp8_paged_mqa_logits_triton`` / ``fp8_paged_mqa_logits_gluon``, default config); beside
+them in the same rounds ``deepgemm`` (its whole call, metadata computed once) and ``torch.empty``. With
+``--cpu`` the op modules see an sm_90 device with 132 SMs and stream 0, and the core's arch lookup
+answers sm_90 for the CPU tensors (so both providers are chosen and validated as on the H200); what
+``torch.cuda.current_device()`` and the stream query cost on a GPU
 is therefore not in these figures. JSON rows go to ``$OUT/h200_launch_paged.json``.
 """
 
@@ -107,6 +108,9 @@ def check(out: torch.Tensor, ref: torch.Tensor, name: str) -> None:
 #: The paged shape class (issue 11's typical decode step) and the cases timed on it.
 PAGED_B, PAGED_H, PAGED_CTX, PAGED_BLOCK = 32, 64, 4096, 64
 PAGED_CASES = ((2, True), (2, False), (1, True), (1, False))  # (next_n, 2-D context_lens)
+#: The providers whose levels are timed, each in its own pass under MQA_PROVIDER (on sm_90 the gluon
+#: provider's paged op is the warp-specialised Gluon kernel for these classes, triton's the Triton kernel).
+PAGED_PROVIDERS = ("triton", "gluon")
 #: DeepGEMM (54e2261) passes context lengths to its kernel as 2-D always and then refuses to clean
 #: (``attention.hpp:398``): every row of the paged table runs without the clean pass, like engines call it.
 PAGED_CLEAN = False
@@ -154,9 +158,11 @@ def cpu_paged_stage(stack: ExitStack) -> None:
     stack.enter_context(host_only(HostOnlyDriver(launch=lambda *args: None)))
 
 
-def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[], Any]]:
-    """One zero-argument call per level on one paged input (methods bound once, as an engine would)."""
+def paged_rows(device: str, next_n: int, lens_2d: bool, name: str) -> dict[str, Callable[[], Any]]:
+    """One zero-argument call per level of provider ``name`` (run under ``MQA_PROVIDER=name``) on one
+    paged input (methods bound once, as an engine would), then DeepGEMM's call and the allocation."""
     from mqa_provider_gluon import kernels
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
     from mqa_provider_gluon.ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
 
     import mqa_core
@@ -165,17 +171,22 @@ def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[]
     x = make_paged_inputs(PAGED_B, next_n, PAGED_H, D, PAGED_CTX, block_size=PAGED_BLOCK, device=device,
                           seed=next_n, lens_2d=lens_2d)
     args, n = x.args(), x.max_context_len
-    arch = "sm_90" if device == "cpu" else None
-    provider = mqa_core.get_provider(arch, op="fp8_paged_mqa_logits", dtype=x.q.dtype)
-    if provider.name != "triton":
-        raise RuntimeError(f"MQA_PROVIDER=triton chose {provider.name}")
+    provider = mqa_core.get_provider("sm_90" if device == "cpu" else None, op="fp8_paged_mqa_logits",
+                                     dtype=x.q.dtype)
+    if provider.name != name:
+        raise RuntimeError(f"MQA_PROVIDER={name} chose {provider.name}")
     api_fn, provider_fn = mqa_core.fp8_paged_mqa_logits, provider.fp8_paged_mqa_logits
-    object_fn = kernels.TRITON.fp8_paged_mqa_logits
+    obj = kernels.GLUON if name == "gluon" else kernels.TRITON
+    kernel = {"gluon": fp8_paged_mqa_logits_gluon, "triton": fp8_paged_mqa_logits_triton}[name]
+    obj.fp8_paged_mqa_logits(*args, clean_logits=PAGED_CLEAN)  # compiles and binds
+    prepared = obj.prepare_fp8_paged_mqa_logits(*args, clean_logits=PAGED_CLEAN)
+    if prepared is None:
+        raise RuntimeError(f"{name}: no prepared call for this signature")
     rows: dict[str, Callable[[], Any]] = {
-        "api": lambda: api_fn(*args, clean_logits=PAGED_CLEAN),
-        "provider": lambda: provider_fn(*args, clean_logits=PAGED_CLEAN),
-        "kernel object": lambda: object_fn(*args, clean_logits=PAGED_CLEAN),
-        "kernel": lambda: fp8_paged_mqa_logits_triton(*args, PAGED_CLEAN),
+        f"{name} api": lambda: api_fn(*args, clean_logits=PAGED_CLEAN),
+        f"{name} provider": lambda: provider_fn(*args, clean_logits=PAGED_CLEAN),
+        f"{name} prepared": lambda: prepared(*args[:5]),
+        f"{name} kernel": lambda: kernel(*args, PAGED_CLEAN),
     }
     if device != "cpu":
         try:
@@ -189,17 +200,6 @@ def paged_rows(device: str, next_n: int, lens_2d: bool) -> dict[str, Callable[[]
                                                                        x.block_tables, meta, n, PAGED_CLEAN)
         except Exception as exc:
             print(f"DeepGEMM not importable ({exc!r:.160}): its row stays empty")
-    # the gluon provider's levels: its paged op sends these classes to the Gluon kernel on sm_90
-    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
-
-    from mqa_core.testing.providers import provider_named
-
-    gluon_fn = provider_named("gluon", "sm_90", op="fp8_paged_mqa_logits", dtype=x.q.dtype).fp8_paged_mqa_logits
-    kernels.GLUON.fp8_paged_mqa_logits(*args, clean_logits=PAGED_CLEAN)  # compiles and binds
-    prepared = kernels.GLUON.prepare_fp8_paged_mqa_logits(*args, clean_logits=PAGED_CLEAN)
-    rows["gluon provider"] = lambda: gluon_fn(*args, clean_logits=PAGED_CLEAN)
-    rows["gluon prepared"] = lambda: prepared(*args[:5])
-    rows["gluon kernel"] = lambda: fp8_paged_mqa_logits_gluon(*args, PAGED_CLEAN)
     m = PAGED_B * next_n
     rows["torch.empty"] = lambda: torch.empty((m, n), dtype=torch.float32, device=device)
     return rows
@@ -215,14 +215,17 @@ def main_paged(a: argparse.Namespace) -> int:
         return 2
     stack, device, wait, calls = started
     table: dict[str, dict[str, float]] = {}
-    with stack, environment(MQA_PROVIDER="triton"):
-        for next_n, lens_2d in PAGED_CASES:
-            case = f"next_n={next_n} lens {'2-D' if lens_2d else '1-D'}"
-            rows = paged_rows(device, next_n, lens_2d)
-            for fn in rows.values():  # first calls compile and bind
-                fn()
-            costs = host_costs(rows, wait, calls=calls, rounds=a.rounds, warmup=20)
-            table[case] = {name: cost.median for name, cost in costs.items()}
+    with stack:
+        for provider in PAGED_PROVIDERS:
+            with environment(MQA_PROVIDER=provider):
+                for next_n, lens_2d in PAGED_CASES:
+                    case = f"next_n={next_n} lens {'2-D' if lens_2d else '1-D'}"
+                    rows = paged_rows(device, next_n, lens_2d, provider)
+                    for fn in rows.values():  # first calls compile and bind
+                        fn()
+                    costs = host_costs(rows, wait, calls=calls, rounds=a.rounds, warmup=20)
+                    # DeepGEMM and the allocation are timed beside each provider: the last pass's stay
+                    table.setdefault(case, {}).update({name: cost.median for name, cost in costs.items()})
     import triton
     from mqa_provider_gluon.launch import direct_launch_unsupported
 
@@ -242,9 +245,11 @@ def main_paged(a: argparse.Namespace) -> int:
           f"paged B={PAGED_B} H={PAGED_H} D={D} context {PAGED_CTX} block {PAGED_BLOCK} "
           f"{'clean' if PAGED_CLEAN else 'no clean'}  "
           f"({calls} calls x {a.rounds} rounds, median host us/call; direct launches {meta['direct']})")
-    print(f"{'case':<20}" + "".join(f"{n:>15}" for n in names))
+    width = {n: max(9, len(n) + 2) for n in names}
+    print(f"{'case':<20}" + "".join(f"{n:>{width[n]}}" for n in names))
     for case, row in table.items():
-        print(f"{case:<20}" + "".join(f"{row[n]:>15.1f}" if n in row else f"{'-':>15}" for n in names))
+        print(f"{case:<20}" + "".join(f"{row[n]:>{width[n]}.1f}" if n in row else f"{'-':>{width[n]}}"
+                                      for n in names))
     return 0
 
 
