@@ -62,11 +62,12 @@ class GluonPagedConfig:
     #: Math warpgroups (2 or 4): tiles go round-robin to them, so this many epilogues are in flight.
     #: Four measured ahead at every shape class (bench/README.md, round 9).
     math_wgs: int = 4
-    #: Registers per thread of the math partitions but the default one and of the loader warps (one
-    #: per math warpgroup); None: 232 / 40 with two math warpgroups, 112 / 24 with four (what the
-    #: register file holds without spills at next_n * H = 128; AOT sm_90 builds, tests/gluon).
+    #: Registers per thread of the math partitions but the default one, of the loader and of the
+    #: filler; None: 232 / 40 / 40 with two math warpgroups, 112 / 24 / 24 with four (what the register
+    #: file holds without spills at next_n * H = 128; AOT sm_90 builds, tests/gluon).
     math_regs: int | None = None
     loader_regs: int | None = None
+    fill_regs: int | None = None
 
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
@@ -156,18 +157,10 @@ def _locate(v, n, base, lo, hi):
 
 @_jit
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-            cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb, fv_end, covered, max_ctx,
-            stride_clb, stride_clj, stride_btb, stride_om, WG: gl.constexpr, NEXT_N: gl.constexpr, H: gl.constexpr,
-            BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr, LENS_2D: gl.constexpr,
-            CLEAN: gl.constexpr):
-    """One warp per math warpgroup: walks this CTA's tiles and issues the TMA copies of the ones math
-    warpgroup ``WG`` computes (tile counter ``g % MATH_WGS == WG``, ring slots ``s % MATH_WGS == WG``),
-    STAGES ahead of the math; loader 0 also issues each sequence's q and weights. (One warp issuing
-    every tile serialised the ring's first fill: a warp reduction per tile picks its block id.)
-    Block ids are read 32 tiles at a time, the next 32 requested while the current ones are issued.
-    With ``CLEAN`` the last loader then writes the CTA's ``-inf`` tails (:func:`_filler`), while the
-    math warpgroups finish their last ring slots: a warp of its own would take the launch past the
-    registers the math needs."""
+            cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb,
+            NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+    """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
+    are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     lane = gl.arange(0, 32, layout=lay)
@@ -187,21 +180,20 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
         blk_ids = first
         first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (lane * 64) // BS,
                         mask=more & (lane * 64 < covered), other=0)
-        if WG == 0:  # every sequence of the range gets its q slot (the math warpgroups wait for each)
-            qs = qn % 2
-            mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
-            mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
-            tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
-            qn += 1
+        # every sequence of the range gets its q slot (the math warpgroups wait for each)
+        qs = qn % 2
+        mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
+        qn += 1
         table = bt_ptr + v.to(gl.int64) * stride_btb
         for c in range(t_lo, t_hi, 32):
             nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
-            n = gl.minimum(32, t_hi - c)
-            for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n, MATH_WGS):
+            for i in range(gl.minimum(32, t_hi - c)):
                 blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
-                s = (g + i) % STAGES
-                mbarrier.wait(empty.index(s), (((g + i) // STAGES) & 1) ^ 1)
+                s = g % STAGES
+                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
                 ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
                 mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
                 off = ((c + i) * 64) % BS
@@ -210,12 +202,8 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                 box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
                 tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
                 tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
-            g += n
+                g += 1
             blk_ids = nxt
-    if CLEAN:
-        if WG == MATH_WGS - 1:
-            _filler(cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                    NEXT_N, LENS_2D)
 
 
 @_jit
@@ -313,7 +301,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
                      num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     FILL_REGS: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -384,9 +372,9 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
-    # One loader warp per math warpgroup (the last one also fills with CLEAN).
     if MATH_WGS == 2:
-        gl.warp_specialize([
+        if CLEAN:
+            gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
                           ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
@@ -394,16 +382,26 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
                           ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb,
-                           fv_end, covered, max_ctx, stride_clb, stride_clj, stride_btb, stride_om, 0, NEXT_N, H, BS,
-                           STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
+                           stride_om, NEXT_N, LENS_2D)),
+            ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+        else:
+            gl.warp_specialize([
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb,
-                           fv_end, covered, max_ctx, stride_clb, stride_clj, stride_btb, stride_om, 1, NEXT_N, H, BS,
-                           STAGES, MATH_WGS, LENS_2D, CLEAN)),
-        ], [4, 1, 1], [MATH_REGS, LOADER_REGS, LOADER_REGS])
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+            ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
-        gl.warp_specialize([
+        if CLEAN:
+            gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
                           ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
@@ -417,23 +415,29 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
                           ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
                           H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb,
-                           fv_end, covered, max_ctx, stride_clb, stride_clj, stride_btb, stride_om, 0, NEXT_N, H, BS,
-                           STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
+                           stride_om, NEXT_N, LENS_2D)),
+            ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
+        else:
+            gl.warp_specialize([
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
+                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb,
-                           fv_end, covered, max_ctx, stride_clb, stride_clj, stride_btb, stride_om, 1, NEXT_N, H, BS,
-                           STAGES, MATH_WGS, LENS_2D, CLEAN)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb,
-                           fv_end, covered, max_ctx, stride_clb, stride_clj, stride_btb, stride_om, 2, NEXT_N, H, BS,
-                           STAGES, MATH_WGS, LENS_2D, CLEAN)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, out_ptr, va, ta, vb, tb, v_end, n_va, fa, fta, fb, ftb,
-                           fv_end, covered, max_ctx, stride_clb, stride_clj, stride_btb, stride_om, 3, NEXT_N, H, BS,
-                           STAGES, MATH_WGS, LENS_2D, CLEAN)),
-        ], [4, 4, 4, 1, 1, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS,
-                                    LOADER_REGS])
+                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
+                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+            ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
 @functools.cache
@@ -450,7 +454,8 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
     two = cfg.math_wgs == 2
     return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
-            "LOADER_REGS": cfg.loader_regs or (40 if two else 24), "num_warps": 4}
+            "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
