@@ -154,9 +154,10 @@ def time_interleaved(calls: Mapping[str, Callable[[Any], Any]], inputs: Sequence
     Each name gets ``warmup`` single calls, at least one per input set when ``warmup`` > 0 (a kernel
     that caches per address, as TMA descriptor encodings are, meets each set's first call before the
     timing, as an engine's steady state has met its few addresses), then its batch size from
-    ``calls_for`` (a batch lasts at least ``target_ms``, at most ``most`` calls). Each name reads the input sets in turn across all its
-    calls. ``scopes[name]()``, where given, is entered around each of that name's batches (once around
-    its warm-up and sizing) and outside the timed span: the settings a configuration needs, say.
+    ``calls_for`` (a batch lasts at least ``target_ms``, at most ``most`` calls). Each name reads the
+    input sets in turn across all its calls. ``scopes[name]()``, where given, is entered around each
+    of that name's batches (once around its warm-up and sizing) and outside the timed span: the
+    settings a configuration needs, say.
     """
     if warmup < 0 or rounds < 1:
         raise ValueError(f"warmup must be >= 0 and rounds >= 1, got {warmup} and {rounds}")

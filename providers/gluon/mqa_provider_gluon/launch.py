@@ -137,7 +137,8 @@ class BoundKernel:
 
     def descriptors(self, key: tuple[Any, ...], make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
         """:meth:`descriptor` for consecutive descriptor parameters at once (``make()`` builds them,
-        the first is number ``key[0]``): one lookup per call for a kernel that takes several."""
+        the first is number ``key[0]``): one lookup for several views of one tensor (a page pool's
+        values and scales). Key each tensor apart: one key over several tensors multiplies entries."""
         expanded = self._tma.get(key)
         if expanded is not None:
             return expanded

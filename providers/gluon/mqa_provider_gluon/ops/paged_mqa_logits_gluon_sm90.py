@@ -565,8 +565,7 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
          size: tuple[int, int], row: int, index: int | None, tail: tuple[Any, ...]) -> torch.Tensor:
     """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
     the output (``size``, row stride ``row``), hand the pointers (``ptrs``, as :func:`_ptrs`), the
-    cached descriptor encodings and ``tail`` (:func:`_tail`) to the bound
-    launcher."""
+    cached descriptor encodings and ``tail`` (:func:`_tail`) to the bound launcher."""
     out = torch.empty_strided(size, (row, 1), dtype=torch.float32, device=q.device)
     bound = launch.bound
     b, nb = tail[0], tail[3]
