@@ -562,11 +562,11 @@ def _tail(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torc
 
 
 def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, ptrs: tuple[int, ...],
-         size: tuple[int, int], row: int, index: int | None, tail: tuple[Any, ...]) -> torch.Tensor:
+         size: tuple[int, int], index: int | None, tail: tuple[Any, ...]) -> torch.Tensor:
     """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
-    the output (``size``, row stride ``row``), hand the pointers (``ptrs``, as :func:`_ptrs`), the
-    cached descriptor encodings and ``tail`` (:func:`_tail`) to the bound launcher."""
-    out = torch.empty_strided(size, (row, 1), dtype=torch.float32, device=q.device)
+    the output (``size``), hand the pointers (``ptrs``, as :func:`_ptrs`), the cached descriptor
+    encodings and ``tail`` (:func:`_tail`) to the bound launcher."""
+    out = _new_output(size[0], size[1], weights)
     bound = launch.bound
     b, nb = tail[0], tail[3]
     # keyed per tensor (an engine's q, weights and per-layer pools combine into many more triples)
@@ -582,9 +582,12 @@ def _row(n: int) -> int:
     return -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
 
 
-def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
-    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
-    return torch.empty_strided((m, n), (_row(n), 1), dtype=torch.float32, device=device)
+def _new_output(m: int, n: int, weights: torch.Tensor) -> torch.Tensor:
+    """[m, n] fp32 on the weights' device, rows starting 64-byte aligned (the row stride is n rounded
+    up to 16). The weights are float32 here (:func:`unsupported`), so their ``new_empty_strided`` is
+    ``torch.empty_strided(..., dtype=float32, device=...)`` without parsing either argument; every
+    output of this module comes from here (the tests poison it)."""
+    return weights.new_empty_strided((m, n), (_row(n), 1))
 
 
 def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -608,14 +611,14 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     ``_LAUNCHES`` holds for it) is known: the bound launch, or the checks, Triton's launch and binding."""
     if launch is not None and launch.bound and not hooks_active() and q.shape[0] and max_context_len \
             and kv_cache.shape[0]:
-        return _run(launch, q, kv_cache, weights, ptrs, (q.shape[0] * q.shape[1], max_context_len),
-                    _row(max_context_len), q.device.index, _tail(launch, q, kv_cache, block_tables, max_context_len))
+        return _run(launch, q, kv_cache, weights, ptrs, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
+                    _tail(launch, q, kv_cache, block_tables, max_context_len))
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     b, next_n, h, d = q.shape
     nb, bs = kv_cache.shape[:2]
-    out = _new_output(b * next_n, max_context_len, q.device)
+    out = _new_output(b * next_n, max_context_len, weights)
     if out.numel() == 0:
         return out
     if nb == 0:
@@ -643,13 +646,12 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
 @dataclasses.dataclass(frozen=True)
 class PreparedCall:
     """mqa-core's prepared call for one full call signature (``mqa_core.memo``: every shape and stride
-    fixed), with everything that signature fixes worked out once: the bound launch, the output's size
-    and row stride, the kernel's arguments after the output pointer. Per call it reads five pointers
+    fixed), with everything that signature fixes worked out once: the bound launch, the output's size,
+    the kernel's arguments after the output pointer. Per call it reads five pointers
     (other 16-byte residues, or a Triton launch hook, take the full launcher), allocates and launches."""
 
     launch: _Launch
     size: tuple[int, int]
-    row: int
     index: int | None
     #: :func:`_tail`: B ... the constexprs.
     tail: tuple[Any, ...]
@@ -664,7 +666,7 @@ class PreparedCall:
                               else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
                                               self.clean_logits)
-        return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.row, self.index, self.tail)
+        return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
@@ -676,7 +678,7 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, cont
                                       ptrs))
     if launch is None or not launch.bound or not (q.shape[0] and max_context_len and kv_cache.shape[0]):
         return None
-    return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), _row(max_context_len), q.device.index,
+    return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
                         _tail(launch, q, kv_cache, block_tables, max_context_len), max_context_len,
                         bool(clean_logits), residues(ptrs))
 

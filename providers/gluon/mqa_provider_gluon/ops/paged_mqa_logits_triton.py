@@ -726,9 +726,8 @@ class PreparedCall:
     """
 
     launch: _Launch
-    #: The output's size and row stride (rows padded to 16 floats).
+    #: The output's size (its rows padded to 16 floats by ``_new_output``).
     size: tuple[int, int]
-    row: int
     num_blocks: int
     index: int | None
     #: The kernel's arguments after the output pointer (B ... the constexprs), in parameter order.
@@ -748,7 +747,7 @@ class PreparedCall:
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables,
                                                self.max_context_len, self.clean_logits)
-        out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=q.device)
+        out = _new_output(*self.size, q.device)  # as every output of this module (the tests poison it)
         launch = self.launch
         kv_ptr = ptrs[1]
         if launch.tma:
@@ -779,7 +778,7 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, cont
     covered = min(max_context_len, block_tables.shape[1] * block_size)
     tail = (b, max_context_len, covered, num_blocks, launch.programs, *launch.strides, row, *launch.constexprs)
     ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr())
-    return PreparedCall(launch, (b * next_n, max_context_len), row, num_blocks, q.device.index, tail,
+    return PreparedCall(launch, (b * next_n, max_context_len), num_blocks, q.device.index, tail,
                         _Shape(next_n, h, d, block_size, launch.tile), max_context_len, clean_logits,
                         residues(ptrs))
 
