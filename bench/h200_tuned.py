@@ -11,10 +11,13 @@ choice against each single provider over an engine-like mix of shapes (< 5 min).
    configuration is checked against a reference (float64 oracle, or torch_ref fp32 for large shapes),
    then timed through the public op, ``mqa_core.fp8_mqa_logits`` / ``fp8_paged_mqa_logits``, so the
    tuned lookup's host cost is included: ``tuned`` (MQA_TUNING=table) and ``P-only`` (MQA_PROVIDER=P) for
-   each provider. The configurations are interleaved in the same rounds (``time_interleaved``): per
-   round, each in turn switches its MQA_* settings (reload, then one untimed call), then times a batch
-   of back-to-back calls lasting >= 1 ms, as an engine issues them; median of 15 rounds after 5 warm-up
-   calls, inputs rotated.
+   each provider. Prefill shapes: the configurations are interleaved in the same rounds
+   (``time_interleaved``): per round, each in turn switches its MQA_* settings (reload, then one untimed
+   call), then times a batch of back-to-back calls lasting >= 1 ms, as an engine issues them; median of
+   15 rounds after warm-up calls that meet every input set, inputs rotated. Decode shapes (on CUDA), as
+   ``mqa tune --replay auto`` times them and as engines run decode: each configuration's calls over the
+   input sets captured in a CUDA graph under its settings (the lookup happens at capture, as in an
+   engine's captured step) and replayed, the device's time (``graph_time``).
 3. Per shape: tuned ms / best single provider's ms; geomean and worst case; the short table is printed
    last, everything goes to $OUT/h200_tuned.json.
 
@@ -39,11 +42,11 @@ from typing import Any
 import torch
 
 import mqa_core
-from mqa_core.bench.timing import sync, time_interleaved
+from mqa_core.bench.timing import graph_time, sync, time_interleaved
 from mqa_core.bench.verify import compare
 from mqa_core.bench.workloads import Workload, input_sets
 from mqa_core.cli.main import main as mqa_main
-from mqa_core.cli.tune import TuneShape
+from mqa_core.cli.tune import EAGER, REPLAYED, TuneShape, replayed
 from mqa_core.testing.providers import environment, provider_named, spec_named
 
 OUT = os.environ.get("OUT", "/tmp/out")
@@ -152,11 +155,23 @@ def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device:
         if label == "tuned" and chosen:
             row["tuned_pick"] = chosen
     ok = [label for label, status in row["status"].items() if status == "ok"]
+    graph = replayed(w.op, "auto", device)
+    row["timing"] = REPLAYED if graph else EAGER
     try:
-        times = time_interleaved({label: functools.partial(run_op, w) for label in ok}, sets, device,
-                                 warmup=warmup, rounds=rounds,
-                                 scopes={label: functools.partial(configured, configs[label], w, sets[0])
-                                         for label in ok}) if ok else {}
+        if graph:
+            times = {}
+            for label in ok:
+                with configured(configs[label], w, sets[0]):
+                    t, note = graph_time(functools.partial(run_op, w), sets, device)
+                if t is None:
+                    row["status"][label] = f"not capturable: {note}"
+                else:
+                    times[label] = t
+        else:
+            times = time_interleaved({label: functools.partial(run_op, w) for label in ok}, sets, device,
+                                     warmup=warmup, rounds=rounds,
+                                     scopes={label: functools.partial(configured, configs[label], w, sets[0])
+                                             for label in ok}) if ok else {}
     except Exception as exc:  # noqa: BLE001 - the row says why it has no times
         row["status"].update(dict.fromkeys(ok, f"ERROR while timing: {type(exc).__name__}: {str(exc)[:200]}"))
         times = {}
@@ -242,7 +257,8 @@ def main() -> int:
     summary = {
         "device": device_name, "arch": arch, "torch": torch.__version__, "providers": names, "smoke": smoke,
         "deepgemm_absent": why, "table": table, "tune_exit_status": rc,
-        "timing": f"interleaved: {rounds} rounds, each a >= 1 ms batch of back-to-back calls per configuration",
+        "timing": f"prefill interleaved: {rounds} rounds, each a >= 1 ms batch of back-to-back calls per "
+                  "configuration; decode on CUDA by CUDA-graph replay per configuration (row 'timing')",
         "tuned_vs_best_geomean": geomean(ratios), "tuned_vs_best_worst": min(ratios) if ratios else None,
         # Within 3%: the medians of two configurations running the same kernel differ by about that.
         "tuned_at_least_best_everywhere_within_3pct": bool(ratios) and min(ratios) >= 0.97,

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from repo_scripts import ROOT, load_script
 
 from mqa_core.cli.main import main
@@ -45,7 +46,9 @@ def test_tune_writes_a_stamped_table_with_every_provider_in_every_bucket(tuned):
                                       "mqa-provider-example-chunked"}
     assert stamp["providers"] == {"torch_ref": "mqa-provider-torch-ref",
                                   "example_chunked": "mqa-provider-example-chunked"}
-    assert data["arguments"]["timing"] == "interleaved"  # the providers of a shape timed in the same rounds
+    # the providers of a shape timed in the same rounds; no CUDA graphs on a CPU, so decode too
+    assert data["arguments"]["timing"] == {"fp8_mqa_logits": "interleaved", "fp8_paged_mqa_logits": "interleaved"}
+    assert data["arguments"]["replay"] == "auto"
     assert data["margin"] == 0.05  # --margin's default, written for selection
     assert len(data["entries"]) == 4
     for e in data["entries"]:
@@ -285,7 +288,7 @@ def test_the_h200_script_cpu_smoke(tmp_path):
                           env={k: v for k, v in os.environ.items() if not k.startswith("MQA_")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((tmp_path / "h200_tuned.json").read_text())
-    assert data["smoke"] and data["tune_exit_status"] == 0 and data["timing"].startswith("interleaved")
+    assert data["smoke"] and data["tune_exit_status"] == 0 and data["timing"].startswith("prefill interleaved")
     assert len(data["rows"]) == 5 and data["tuned_vs_best_geomean"] > 0
     # the choice alone: the best -only column is the fastest by definition, so a pick is at most as fast
     assert 0 < data["pick_vs_best_worst"] <= data["pick_vs_best_geomean"] <= 1.0
@@ -303,3 +306,34 @@ def test_a_time_budget_leaves_unmeasured_shapes_out(tmp_path, capsys):
     assert "time budget (1e-06 s) reached: 2 of 2 shapes not measured" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["entries"] == [] and data["arguments"]["shapes_measured"] == 0
+
+
+def test_replay_times_decode_by_graph_on_cuda_only() -> None:
+    """--replay auto: decode shapes by CUDA-graph replay on CUDA (engines capture decode), prefill
+    eagerly; all / none as named; never on a device without CUDA graphs."""
+    from mqa_core.cli.tune import replayed
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert replayed("fp8_paged_mqa_logits", "auto", cuda) and not replayed("fp8_mqa_logits", "auto", cuda)
+    assert replayed("fp8_mqa_logits", "all", cuda) and not replayed("fp8_paged_mqa_logits", "none", cuda)
+    assert not any(replayed(op, r, cpu) for op in ("fp8_mqa_logits", "fp8_paged_mqa_logits")
+                   for r in ("auto", "all", "none"))
+
+
+def test_a_replayed_bucket_takes_graph_times_and_says_why_a_provider_has_none() -> None:
+    from mqa_core.cli.tune import result_of
+
+    row = {"status": "ok", "ms_median": 0.030, "graph_ms": 0.012}
+    assert result_of(row, graph=True).ms == 0.012 and result_of(row, graph=False).ms == 0.030
+    uncapturable = {"status": "ok", "ms_median": 0.030, "graph_ms": None,
+                    "graph_note": "not captured in a CUDA graph: it synchronises with the host"}
+    r = result_of(uncapturable, graph=True)
+    assert r.ms is None and r.status == "not capturable: not captured in a CUDA graph: it synchronises with the host"
+    wrong = result_of({"status": "wrong", "reason": "calc_diff 0.04"}, graph=True)
+    assert wrong.ms is None and wrong.status == "wrong: calc_diff 0.04"
+
+
+def test_replay_all_is_refused_without_cuda(tmp_path) -> None:
+    r = mqa("tune", "--device", "cpu", "--providers", "torch_ref", "--shapes", "decode:2,256,1,32,128",
+            "--replay", "all", "--out", "t.json", cwd=tmp_path)
+    assert r.returncode != 0 and "--replay all times CUDA-graph replays, which cpu has none of" in r.stderr

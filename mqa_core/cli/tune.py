@@ -7,7 +7,8 @@ and checked cell by cell. A provider that fails is left out of those buckets. Th
 every shape is checked against a reference and timed (``mqa bench``'s runner), with a progress bar on
 stderr: the providers of a shape in interleaved rounds, each round a batch of back-to-back calls per
 provider lasting >= 1 ms (``time_interleaved``), so small host-bound shapes are timed at the pace an
-engine sees and drift falls on every provider alike. The table (``mqa_core.tuning``) records every
+engine sees and drift falls on every provider alike; decode shapes on CUDA by CUDA-graph replay
+instead (``--replay``), as engines run decode steps. The table (``mqa_core.tuning``) records every
 provider's time in every bucket, stamped with what the timings depend on, and the noise margin
 (``--margin``) within which a measured lead does not override the priority order; the summary shows
 each bucket's pick as selection will make it.
@@ -52,6 +53,11 @@ shapes (--shapes, added to the preset):
 
 buckets: op, H, D (and next_n for decode) with power-of-two ranges of M and N, written in the table
 as [lo, hi); prefill M = query tokens, N = keys; decode M = batch x next_n, N = context.
+
+timing: prefill shapes eager, the providers interleaved in rounds of >= 1 ms batches (an engine runs
+prefill eagerly); with --replay auto (default) decode shapes on CUDA by CUDA-graph replay, the
+device's time (engines capture decode steps; an eager 20 us decode call times the host). The table
+records which, per op (arguments.timing).
 
 examples:
   mqa tune --device cpu --providers torch_ref,example_chunked --preset quick --out t.json
@@ -162,11 +168,28 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="start no new shape after this many seconds; the table holds the buckets measured")
+    p.add_argument("--replay", choices=REPLAY, default="auto",
+                   help="which shapes are timed by CUDA-graph replay (the device's time, as an engine's "
+                        "captured step runs them) instead of eager batches: auto = decode on CUDA (engines "
+                        "capture decode; an eager ~20 us decode call times the host, not the kernel), all, "
+                        "none (default %(default)s); a provider that cannot be captured is left out of "
+                        "those buckets")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="written into the table: selection keeps the first provider by priority unless the "
                         "fastest measured one is faster by more than this fraction; a lead within timing "
                         "noise must not override the priority order, which holds over many shapes "
                         "(default %(default)s = 5%%; 0 takes the fastest)")
+
+
+#: ``--replay``: which shapes are timed by CUDA-graph replay rather than eager interleaved batches.
+REPLAY = ("auto", "all", "none")
+#: What a shape's time is, by how it was taken (the table's ``arguments.timing``, per op).
+REPLAYED, EAGER = "graph replay", "interleaved"
+
+
+def replayed(op: str, replay: str, device: torch.device) -> bool:
+    """Whether ``op``'s shapes are timed by graph replay under ``--replay`` on ``device``."""
+    return device.type == "cuda" and (replay == "all" or (replay == "auto" and op == PAGED))
 
 
 # -- the kit subset ----------------------------------------------------------------------------------
@@ -248,10 +271,12 @@ class Result:
 
 def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[tuple[str, str], Provider],
             device: torch.device, arch: str, *, warmup: int, repeat: int, seed: int,
-            progress: Progress, deadline: float | None = None) -> dict[int, dict[str, Result]]:
+            progress: Progress, deadline: float | None = None, replay: str = "none") -> dict[int, dict[str, Result]]:
     """Kit subset per (provider, op, H, D), then check + time each shape: shape index -> name -> result.
 
-    After ``deadline`` (a ``time.monotonic()`` value) no new shape is started; those are left out.
+    A shape :func:`replayed` under ``replay`` takes each provider's CUDA-graph replay time (a provider
+    whose calls cannot be captured gets no time there, and says why). After ``deadline`` (a
+    ``time.monotonic()`` value) no new shape is started; those are left out.
     """
     from ..bench.runner import run_workloads
     from ..select import shape_reason
@@ -285,16 +310,25 @@ def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[t
         for name in names:
             if name not in timed:
                 progress.step(f"{shape.name} {name}: {mine[name].status}")
+        graph = replayed(op, replay, device)
         rows = run_workloads([shape.workload()], timed, providers, device, arch, warmup=warmup, repeat=repeat,
-                             seed=seed + i, timing="interleaved", progress=progress.step) if timed else []
+                             seed=seed + i, timing="interleaved", graph=graph, progress=progress.step) if timed else []
         for row in rows:
-            status = row["status"]
-            if status == "ok":
-                mine[row["provider"]] = Result(float(row["ms_median"]), "ok")
-            else:
-                mine[row["provider"]] = Result(None, f"{status}: {row.get('reason', '')}")
+            mine[row["provider"]] = result_of(row, graph)
         results[i] = mine
     return results
+
+
+def result_of(row: dict[str, Any], graph: bool) -> Result:
+    """A provider's Result from its ``run_workloads`` row: the eager median, or with ``graph`` the
+    replay time (none, with the reason, where its calls could not be captured)."""
+    if row["status"] != "ok":
+        return Result(None, f"{row['status']}: {row.get('reason', '')}")
+    if not graph:
+        return Result(float(row["ms_median"]), "ok")
+    if row.get("graph_ms") is None:
+        return Result(None, f"not capturable: {row.get('graph_note') or 'no CUDA-graph time'}")
+    return Result(float(row["graph_ms"]), "ok")
 
 
 def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict[int, dict[str, Result]],
@@ -372,6 +406,9 @@ def run(args: argparse.Namespace) -> int:
     shapes = (PRESETS[preset]() if preset else []) + shapes
     device = device_or_default(args.device)
     arch = arch_of_device(device)
+    if args.replay == "all" and device.type != "cuda":
+        raise UserError(f"--replay all times CUDA-graph replays, which {device} has none of; use --replay auto "
+                        "or none")
     warmup, repeat = timed_calls(args, device.type != "cpu", gpu_repeat=20)
     ops = list(dict.fromkeys(s.op for s in shapes))
     names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
@@ -383,26 +420,32 @@ def run(args: argparse.Namespace) -> int:
     device_name = report.device_name(device)
     print(f"mqa tune: {len(shapes)} shapes x {len(names)} providers ({', '.join(names)}) on {device_name} "
           f"({arch}); kit subset, then {warmup} warm-up calls + {repeat} interleaved rounds of >= 1 ms "
-          "batches each", file=sys.stderr, flush=True)
+          "batches each" + "".join(f"; {op} by CUDA-graph replay" for op in ops if replayed(op, args.replay, device)),
+          file=sys.stderr, flush=True)
     progress = Progress(len(shapes) * len(names))
     try:
         results = measure(shapes, names, providers, device, arch, warmup=warmup, repeat=repeat, seed=args.seed,
-                          progress=progress, deadline=None if args.budget is None else start + args.budget)
+                          progress=progress, deadline=None if args.budget is None else start + args.budget,
+                          replay=args.replay)
     finally:
         progress.close()
     dists = {n: spec.distribution for n in names if (spec := spec_named(n)) is not None}
+    timing = {op: REPLAYED if replayed(op, args.replay, device) else EAGER for op in ops}
     info = {"created": report.now(), "commit": report.git_commit(),
             "arguments": {"device": str(device), "providers": list(names), "preset": preset,
-                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "timing": "interleaved",
-                          "seed": args.seed,
+                          "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "replay": args.replay,
+                          "timing": timing, "seed": args.seed,
                           "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)}}
     table = build_table(shapes, names, results, current_stamp(device, dists), info, args.margin)
     table.write(args.out)
     if args.json:
         print(json.dumps(table.to_dict(), indent=1))
     else:
-        print(f"fp8 MQA logits on {device_name} ({arch}): ms per call, median of {repeat} interleaved rounds "
-              f"(each a >= 1 ms batch of back-to-back calls per provider) after {warmup} warm-up calls")
+        how = {EAGER: f"median of {repeat} interleaved rounds (each a >= 1 ms batch of back-to-back calls per "
+                      f"provider) after {warmup} warm-up calls",
+               REPLAYED: "CUDA-graph replay (the device's time; median of 10 replays)"}
+        print(f"fp8 MQA logits on {device_name} ({arch}): ms per call; "
+              + "; ".join(f"{op}: {how[t]}" for op, t in timing.items()))
         print(summary(table, names, priority_order(names)))
         if len(results) < len(shapes):
             print(f"time budget ({args.budget:g} s) reached: {len(shapes) - len(results)} of {len(shapes)} "
