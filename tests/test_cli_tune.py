@@ -281,6 +281,37 @@ def test_the_h200_measuring_path_runs_on_the_cpu(tuned, monkeypatch):
     assert paged["tuned_pick"] == "torch_ref" and paged["best_single"] == "torch_ref-only"
 
 
+def test_the_h200_mix_replays_decode_under_each_configuration(tuned, monkeypatch):
+    """Decode shapes of the mix are timed by graph replay (CUDA only, so faked here): each
+    configuration's calls run under its own settings; one that cannot be captured says why."""
+    from mqa_core.bench.timing import Timing
+
+    script = load_script("bench/h200_tuned.py")
+    configs = {"tuned": {"MQA_TUNING": str(tuned), "MQA_PROVIDER": None},
+               "torch_ref-only": {"MQA_PROVIDER": "torch_ref", "MQA_TUNING": None}}
+    captured: list[str] = []
+
+    def fake_graph_time(call, sets, device):  # what graph_time needs: every set once, here eagerly
+        for x in sets:
+            call(x)
+        captured.append(os.environ.get("MQA_PROVIDER") or "tuned")
+        if os.environ.get("MQA_PROVIDER") == "torch_ref":
+            return None, "not captured in a CUDA graph: it synchronises with the host"
+        return Timing((0.02, 0.01, 0.03)), ""
+
+    monkeypatch.setattr(script, "replayed", lambda op, replay, device: op == "fp8_paged_mqa_logits")
+    monkeypatch.setattr(script, "graph_time", fake_graph_time)
+    row = script.measure(TuneShape.decode(2, 300, 1, 32, 128), configs, torch.device("cpu"), "cpu",
+                         warmup=0, rounds=1)
+    assert row["timing"] == "graph replay" and captured == ["tuned", "torch_ref"]
+    assert row["ms"] == {"tuned": 0.02} and row["status"]["tuned"] == "ok"
+    assert row["status"]["torch_ref-only"] == ("not capturable: not captured in a CUDA graph: it synchronises "
+                                               "with the host")
+    prefill = script.measure(TuneShape.prefill(100, 300, 32, 128), configs, torch.device("cpu"), "cpu",
+                             warmup=0, rounds=1)
+    assert prefill["timing"] == "interleaved" and captured == ["tuned", "torch_ref"]
+
+
 def test_the_h200_script_cpu_smoke(tmp_path):
     """The whole script (tune, the mix checked then timed interleaved, the table and JSON) on the CPU."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "h200_tuned.py"), "--cpu-smoke", "--out",
