@@ -411,6 +411,7 @@ def run(args: argparse.Namespace) -> int:
                         "or none")
     warmup, repeat = timed_calls(args, device.type != "cpu", gpu_repeat=20)
     ops = list(dict.fromkeys(s.op for s in shapes))
+    timing = {op: REPLAYED if replayed(op, args.replay, device) else EAGER for op in ops}
     names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
              else usable_providers(arch, ops))
     if not names:
@@ -420,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
     device_name = report.device_name(device)
     print(f"mqa tune: {len(shapes)} shapes x {len(names)} providers ({', '.join(names)}) on {device_name} "
           f"({arch}); kit subset, then {warmup} warm-up calls + {repeat} interleaved rounds of >= 1 ms "
-          "batches each" + "".join(f"; {op} by CUDA-graph replay" for op in ops if replayed(op, args.replay, device)),
+          "batches each" + "".join(f"; {op} by CUDA-graph replay" for op, t in timing.items() if t == REPLAYED),
           file=sys.stderr, flush=True)
     progress = Progress(len(shapes) * len(names))
     try:
@@ -430,7 +431,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     dists = {n: spec.distribution for n in names if (spec := spec_named(n)) is not None}
-    timing = {op: REPLAYED if replayed(op, args.replay, device) else EAGER for op in ops}
     info = {"created": report.now(), "commit": report.git_commit(),
             "arguments": {"device": str(device), "providers": list(names), "preset": preset,
                           "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "replay": args.replay,

@@ -38,7 +38,7 @@ import torch
 
 from ..launch import bind, direct_launch_unsupported, hooks_active, residues
 from .mqa_logits_gluon_sm90 import gluon_supported
-from .paged_mqa_logits_triton import _device_facts, _launch_on, fp8_paged_mqa_logits_triton
+from .paged_mqa_logits_triton import _device_facts, _launch_on, _row, fp8_paged_mqa_logits_triton
 from .paged_mqa_logits_triton import prepare as prepare_triton
 
 __all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_logits_gluon",
@@ -48,9 +48,6 @@ __all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_lo
 TILE = 64
 #: Sequences the prologue scans per step (one per thread of the 4-warp default partition).
 SCHED = 128
-#: Output rows are padded to this many floats (as the Triton kernel's).
-_ROW_ALIGN = 16
-
 
 @dataclasses.dataclass(frozen=True)
 class GluonPagedConfig:
@@ -577,16 +574,11 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     return out
 
 
-def _row(n: int) -> int:
-    """The output's row stride: ``n`` rounded up to 16 floats (rows start 64-byte aligned)."""
-    return -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
-
-
 def _new_output(m: int, n: int, weights: torch.Tensor) -> torch.Tensor:
-    """[m, n] fp32 on the weights' device, rows starting 64-byte aligned (the row stride is n rounded
-    up to 16). The weights are float32 here (:func:`unsupported`), so their ``new_empty_strided`` is
-    ``torch.empty_strided(..., dtype=float32, device=...)`` without parsing either argument; every
-    output of this module comes from here (the tests poison it)."""
+    """[m, n] fp32 on the weights' device, with the Triton kernel's row stride (``_row``). The weights
+    are float32 here (:func:`unsupported`), so their ``new_empty_strided`` is ``torch.empty_strided(...,
+    dtype=float32, device=...)`` without parsing either argument; every output of this module comes
+    from here (the tests poison it)."""
     return weights.new_empty_strided((m, n), (_row(n), 1))
 
 

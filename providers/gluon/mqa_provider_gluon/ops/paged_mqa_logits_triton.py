@@ -650,10 +650,15 @@ def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, l
             tables.data_ptr() % 16 == 0)
 
 
+def _row(n: int) -> int:
+    """The output's row stride for ``n`` columns: rounded up to 16 floats (rows start 64-byte aligned);
+    the Gluon paged kernel's outputs share it."""
+    return -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
+
+
 def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
-    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
-    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
-    return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
+    """[m, n] fp32 whose rows start 64-byte aligned (row stride :func:`_row`)."""
+    return torch.empty_strided((m, n), (_row(n), 1), dtype=torch.float32, device=device)
 
 
 def _strides(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
@@ -774,7 +779,7 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, cont
     num_blocks, block_size = kv_cache.shape[:2]
     if launch is None or not (b and max_context_len and num_blocks):
         return None
-    row = -(-max_context_len // _ROW_ALIGN) * _ROW_ALIGN  # as _new_output
+    row = _row(max_context_len)  # as _new_output
     covered = min(max_context_len, block_tables.shape[1] * block_size)
     tail = (b, max_context_len, covered, num_blocks, launch.programs, *launch.strides, row, *launch.constexprs)
     ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr())
