@@ -17,8 +17,11 @@ memory system busy by itself:
   context) while the others work.
 
 The batch's visible tiles are split evenly over the CTAs from the context lengths on the device, as
-the Triton kernel does (every CTA scans the lengths in its prologue: no schedule buffer, no second
-launch, no host synchronisation, so it is capturable in a CUDA graph).
+the Triton kernel does: no schedule buffer, no second launch, no host synchronisation, so it is
+capturable in a CUDA graph. In each CTA the default math warpgroup works the split out first, with
+shuffles inside each warp (its four warps are replicas; no bar.sync), and publishes it in shared
+memory behind an mbarrier for the loader, the other math warpgroups and the filler (round 11: the
+cross-warp scan it replaced parked all 17 warps at CTA barriers before the first copy).
 
 Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
 two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
@@ -46,7 +49,7 @@ __all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_lo
 
 #: Keys per tile: one wgmma's M, one TMA box of one cache block.
 TILE = 64
-#: Sequences the prologue scans per step (one per thread of the 4-warp default partition).
+#: Sequences the split reads per step (SCHED / 32 per lane of each warp of the default partition).
 SCHED = 128
 
 @dataclasses.dataclass(frozen=True)
@@ -153,18 +156,105 @@ def _locate(v, n, base, lo, hi):
 
 
 @_jit
+def _items(cl_ptr, v, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr,
+           FILL: gl.constexpr):
+    """Items of sequences ``v``: the tiles each computes, or with FILL the tiles past them up to ``t_max``
+    (0 past the batch)."""
+    n = _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    if FILL:
+        n = gl.where(v < num_seqs, t_max - n, 0)
+    return n
+
+
+@_jit
+def _split(cl_ptr, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr,
+           FILL: gl.constexpr):
+    """This CTA's even share of the batch's items (:func:`_items`) as ``(va, ta, vb, tb, v_end, n_va)``:
+    (sequence, item) of its first and of its last item, the end of its sequence range and the item count
+    of sequence ``va``. Worked out in registers by a 4-warp partition: every warp holds all SCHED
+    sequences of a step (SCHED / 32 a lane; the warps are replicas), so the sums, the scan and the search
+    are shuffles within one warp, with no shared memory and no ``bar.sync``."""
+    lay: gl.constexpr = gl.BlockedLayout([SCHED_N // 32], [32], [4], [0])
+    offs_s = gl.arange(0, SCHED_N, layout=lay)
+    # the first SCHED sequences (all of them, in most batches) are read once and kept
+    n0 = _items(cl_ptr, offs_s, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N, LENS_2D, FILL)
+    total = gl.sum(n0, 0)
+    for c0 in range(SCHED_N, num_seqs, SCHED_N):
+        total += gl.sum(_items(cl_ptr, c0 + offs_s, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N,
+                               LENS_2D, FILL), 0)
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    w_lo = _share(pid, total, P)
+    w_hi = _share(pid + 1, total, P)
+    va, ta, vb, tb, base, n_va = _locate(offs_s, n0, 0, w_lo, w_hi)
+    for c0 in range(SCHED_N, num_seqs, SCHED_N):
+        v = c0 + offs_s
+        n = _items(cl_ptr, v, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N, LENS_2D, FILL)
+        d0, d1, d2, d3, d4, d5 = _locate(v, n, base, w_lo, w_hi)
+        n_va += d5
+        va += d0
+        ta += d1
+        vb += d2
+        tb += d3
+        base += d4
+    return va, ta, vb, tb, gl.where(w_hi > w_lo, vb + 1, va), n_va
+
+
+@_jit
+def _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N: gl.constexpr,
+             LENS_2D: gl.constexpr, CLEAN: gl.constexpr):
+    """The default math warpgroup's first job: this CTA's split of the batch's tiles (``split[0:6]``) and,
+    with CLEAN, of the -inf tails (``split[6:11]``), for the loader, the other math warpgroups and the
+    filler; the arrive on ``split_ready`` releases the stores before it. (Not in each partition: with
+    the scan the 24-register loader and filler warps spill, and the math warpgroups of next_n = 2,
+    H = 64 hold its results in spilled registers; AOT sm_90 builds.)"""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    one = gl.zeros([1], gl.int32, lay)
+    va, ta, vb, tb, v_end, n_va = _split(cl_ptr, num_seqs, covered, 0, stride_clb, stride_clj, NEXT_N, LENS_2D,
+                                         False)
+    split.index(0).store(one + va)
+    split.index(1).store(one + ta)
+    split.index(2).store(one + vb)
+    split.index(3).store(one + tb)
+    split.index(4).store(one + v_end)
+    split.index(5).store(one + n_va)
+    if CLEAN:
+        fa, fta, fb, ftb, fv_end, _ = _split(cl_ptr, num_seqs, covered, gl.cdiv(max_ctx, 64), stride_clb, stride_clj,
+                                             NEXT_N, LENS_2D, True)
+        split.index(6).store(one + fa)
+        split.index(7).store(one + fta)
+        split.index(8).store(one + fb)
+        split.index(9).store(one + ftb)
+        split.index(10).store(one + fv_end)
+    mbarrier.arrive(split_ready.index(0), count=1)
+
+
+@_jit
+def _split_at(split, i: gl.constexpr, lay: gl.constexpr):
+    """Entry ``i`` of the published split (after the wait on ``split_ready``)."""
+    return gl.max(split.index(i).load(lay), 0)
+
+
+@_jit
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-            cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb, stride_clj, stride_btb,
+            split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    mbarrier.wait(split_ready.index(0), 0)
+    va = _split_at(split, 0, lay)
+    ta = _split_at(split, 1, lay)
+    vb = _split_at(split, 2, lay)
+    tb = _split_at(split, 3, lay)
+    v_end = _split_at(split, 4, lay)
+    n_va = _split_at(split, 5, lay)
     lane = gl.arange(0, 32, layout=lay)
     g = 0
     qn = 0
     # What each sequence starts with (its tile count, its first 32 block ids) is requested one sequence
-    # ahead, so a switch of sequence does not wait for global memory; the first comes from the prologue.
+    # ahead, so a switch of sequence does not wait for global memory; the first comes with the split.
     tiles = n_va
     first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
                     mask=(ta + lane) * 64 < covered, other=0)
@@ -222,10 +312,10 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va, ta, vb, tb,
-          v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
+def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, cl_ptr, out_ptr,
+          num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -239,6 +329,15 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
+    if WG == 0:
+        _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
+                 CLEAN)
+    mbarrier.wait(split_ready.index(0), 0)
+    va = _split_at(split, 0, idl)
+    ta = _split_at(split, 1, idl)
+    vb = _split_at(split, 2, idl)
+    tb = _split_at(split, 3, idl)
+    v_end = _split_at(split, 4, idl)
     g = 0
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
@@ -275,13 +374,19 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
 
 
 @_jit
-def _filler(cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj, stride_om,
+def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
             NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
     """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
     lay: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
     offs = gl.arange(0, 64, layout=lay)
     ninf = gl.full([64], float("-inf"), gl.float32, lay)
     t_max = gl.cdiv(max_ctx, 64)
+    mbarrier.wait(split_ready.index(0), 0)
+    fa = _split_at(split, 6, lay)
+    fta = _split_at(split, 7, lay)
+    fb = _split_at(split, 8, lay)
+    ftb = _split_at(split, 9, lay)
+    fv_end = _split_at(split, 10, lay)
     for v in range(fa, fv_end):
         n = gl.cdiv(_seq_hi(cl_ptr, v, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
         i_lo = gl.where(v == fa, fta, 0)
@@ -302,54 +407,6 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
-    # -- the schedule: every CTA derives the same one from the context lengths -------------------
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    offs_s = gl.arange(0, SCHED_N, layout=lay)
-    t_max = gl.cdiv(max_ctx, 64)
-    # the first SCHED sequences (all of them, in most batches) are read once and kept
-    ok0 = offs_s < num_seqs
-    n0 = _chunk_tiles(cl_ptr, offs_s, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-    total = gl.sum(n0, 0)
-    for c0 in range(SCHED_N, num_seqs, SCHED_N):
-        total += gl.sum(_chunk_tiles(cl_ptr, c0 + offs_s, num_seqs, covered, stride_clb, stride_clj, NEXT_N,
-                                     LENS_2D), 0)
-    fill_total = num_seqs * t_max - total
-    pid = gl.program_id(0)
-    P = gl.num_programs(0)
-    w_lo = _share(pid, total, P)
-    w_hi = _share(pid + 1, total, P)
-    va, ta, vb, tb, base, n_va = _locate(offs_s, n0, 0, w_lo, w_hi)
-    fa = 0
-    fta = 0
-    fb = 0
-    ftb = 0
-    fbase = 0
-    f_lo = 0
-    f_hi = 0
-    if CLEAN:
-        f_lo = _share(pid, fill_total, P)
-        f_hi = _share(pid + 1, fill_total, P)
-        fa, fta, fb, ftb, fbase, _ = _locate(offs_s, gl.where(ok0, t_max - n0, 0), 0, f_lo, f_hi)
-    for c0 in range(SCHED_N, num_seqs, SCHED_N):
-        v = c0 + offs_s
-        n = _chunk_tiles(cl_ptr, v, num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
-        d0, d1, d2, d3, d4, d5 = _locate(v, n, base, w_lo, w_hi)
-        n_va += d5
-        va += d0
-        ta += d1
-        vb += d2
-        tb += d3
-        base += d4
-        if CLEAN:
-            d0, d1, d2, d3, d4, _ = _locate(v, gl.where(v < num_seqs, t_max - n, 0), fbase, f_lo, f_hi)
-            fa += d0
-            fta += d1
-            fb += d2
-            ftb += d3
-            fbase += d4
-    v_end = gl.where(w_hi > w_lo, vb + 1, va)
-    fv_end = gl.where(f_hi > f_lo, fb + 1, fa)
-
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
     # The float32 TMA targets take their descriptors' layouts, so the allocator aligns them as TMA needs
     # (128 bytes); the math reads them through flat views of the same bytes.
@@ -362,6 +419,9 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    split = gl.allocate_shared_memory(gl.int32, [11, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    split_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(split_ready.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
@@ -372,68 +432,68 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     if MATH_WGS == 2:
         if CLEAN:
             gl.warp_specialize([
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
-                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
-                (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
-                           stride_om, NEXT_N, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
+                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
+                           NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
-                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
+                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
-                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
-                (_filler, (cl_ptr, out_ptr, fa, fta, fb, ftb, fv_end, covered, max_ctx, stride_clb, stride_clj,
-                           stride_om, NEXT_N, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
+                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
+                           NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, cl_ptr, out_ptr, va,
-                          ta, vb, tb, v_end, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
-                          H, STAGES, MATH_WGS, LENS_2D)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3, NEXT_N,
+                          H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, cl_ptr, bt_ptr, va, ta, vb, tb, v_end, n_va, covered, stride_clb,
-                           stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
+                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
