@@ -17,7 +17,10 @@ choice against each single provider over an engine-like mix of shapes (< 5 min).
    15 rounds after warm-up calls that meet every input set, inputs rotated. Decode shapes (on CUDA), as
    ``mqa tune --replay auto`` times them and as engines run decode: each configuration's calls over the
    input sets captured in a CUDA graph under its settings (the lookup happens at capture, as in an
-   engine's captured step) and replayed, the device's time (``graph_time``).
+   engine's captured step) and replayed, the device's time (``graph_time``). ``--replay all`` times the
+   prefill shapes that way too, in the table and in the mix: the device's time alone, which is what the
+   choice of kernel changes (eager ~30 us calls carry the lent host's noise, 3-5% between two columns
+   that run one kernel).
 3. Per shape: tuned ms / best single provider's ms; geomean and worst case; the short table is printed
    last, everything goes to $OUT/h200_tuned.json.
 
@@ -143,7 +146,7 @@ def check(w: Workload, x: Any, ref: torch.Tensor, env: dict[str, str | None], de
 
 
 def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device: torch.device, arch: str, *,
-            warmup: int = WARMUP, rounds: int = ROUNDS) -> dict[str, Any]:
+            warmup: int = WARMUP, rounds: int = ROUNDS, replay: str = "auto") -> dict[str, Any]:
     """Check every configuration on one shape, then time the correct ones interleaved in the same rounds."""
     w = shape.workload()
     sets = [w.setup(device, 1000 + j) for j in range(input_sets(w, device))]
@@ -155,7 +158,7 @@ def measure(shape: TuneShape, configs: dict[str, dict[str, str | None]], device:
         if label == "tuned" and chosen:
             row["tuned_pick"] = chosen
     ok = [label for label, status in row["status"].items() if status == "ok"]
-    graph = replayed(w.op, "auto", device)
+    graph = replayed(w.op, replay, device)
     row["timing"] = REPLAYED if graph else EAGER
     try:
         if graph:
@@ -208,7 +211,12 @@ def main() -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="every step on the CPU: tiny shapes, torch_ref "
                     "and example_chunked")
     ap.add_argument("--out", default=OUT, help="folder for the table and h200_tuned.json (default: $OUT)")
+    ap.add_argument("--replay", choices=("auto", "all"), default="auto",
+                    help="which shapes are timed by CUDA-graph replay, in mqa tune and in the mix: auto, decode "
+                    "(as engines run it); all, prefill too (the device's time alone: what the choice of kernel "
+                    "changes, without the host's noise on ~30 us eager calls)")
     args = ap.parse_args()
+    replay = "auto" if args.cpu_smoke else args.replay
     smoke, out = args.cpu_smoke, args.out
     table = os.path.join(out, "h200_tuning.json")
     os.makedirs(out, exist_ok=True)
@@ -226,7 +234,7 @@ def main() -> int:
     log(f"step 1: mqa tune {' '.join(shapes_args)} --providers {','.join(names)}")
     rc = mqa_main(["tune", "--device", device.type, *shapes_args, "--providers", ",".join(names),
                    "--out", table, "--warmup", "1" if smoke else "3", "--repeat", "3" if smoke else "15",
-                   "--budget", str(args.tune_budget)])
+                   "--budget", str(args.tune_budget), "--replay", replay])
     log(f"mqa tune exit status {rc}; table {table}")
     if not os.path.exists(table):
         log("no table was written; stopping")
@@ -243,7 +251,7 @@ def main() -> int:
             log(f"time budget reached: {len(shapes) - i + 1} mix shapes not started")
             break
         try:
-            row = measure(shape, configs, device, arch, warmup=warmup, rounds=rounds)
+            row = measure(shape, configs, device, arch, warmup=warmup, rounds=rounds, replay=replay)
         except Exception:  # noqa: BLE001
             traceback.print_exc()
             continue
@@ -257,8 +265,10 @@ def main() -> int:
     summary = {
         "device": device_name, "arch": arch, "torch": torch.__version__, "providers": names, "smoke": smoke,
         "deepgemm_absent": why, "table": table, "tune_exit_status": rc,
-        "timing": f"prefill interleaved: {rounds} rounds, each a >= 1 ms batch of back-to-back calls per "
-                  "configuration; decode on CUDA by CUDA-graph replay per configuration (row 'timing')",
+        "replay": replay,
+        "timing": (f"prefill interleaved: {rounds} rounds, each a >= 1 ms batch of back-to-back calls per "
+                   "configuration; decode on CUDA by CUDA-graph replay per configuration (row 'timing')")
+        if replay == "auto" else "every shape by CUDA-graph replay per configuration (row 'timing')",
         "tuned_vs_best_geomean": geomean(ratios), "tuned_vs_best_worst": min(ratios) if ratios else None,
         # Within 3%: the medians of two configurations running the same kernel differ by about that.
         "tuned_at_least_best_everywhere_within_3pct": bool(ratios) and min(ratios) >= 0.97,

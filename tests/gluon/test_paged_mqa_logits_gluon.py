@@ -174,14 +174,14 @@ def test_gpu_graph_replay_follows_new_lengths(poisoned):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_provider_routes_measured_classes_here(poisoned, monkeypatch):
     """The gluon provider's paged op: classes in MEASURED_AHEAD run this kernel (and its prepared
-    call), the others the Triton kernel; both give the oracle's values."""
+    call), the others and single sequences (MIN_BATCH) the Triton kernel; both give the oracle's values."""
     from mqa_provider_gluon.kernels import GLUON
     from mqa_provider_gluon.ops import paged_mqa_logits_triton as tp
 
     monkeypatch.setattr(gp, "MEASURED_AHEAD", frozenset({(2, 64)}))
     monkeypatch.setattr(tp, "_new_output", lambda *a, real=tp._new_output: real(*a).fill_(float("nan")))
-    for next_n, h, here in ((2, 64, True), (1, 32, False)):
-        inp = make_paged_inputs(9, next_n, h, 128, 2000, seed=next_n, lens_2d=True)
+    for batch, next_n, h, here in ((9, 2, 64, True), (9, 1, 32, False), (1, 2, 64, False)):
+        inp = make_paged_inputs(batch, next_n, h, 128, 2000, seed=next_n, lens_2d=True)
         ref = fp8_paged_mqa_logits_ref(*inp.args())
         args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in inp.args())
         for _ in range(2):  # the first call decides and binds

@@ -740,15 +740,20 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, cont
 #: DeepGEMM per class against the Triton kernel's 0.83-0.93x; bench/README.md, round 10); the provider
 #: sends the others to Triton.
 MEASURED_AHEAD: frozenset[tuple[int, int]] = frozenset({(1, 32), (1, 64), (2, 32), (2, 64)})
+#: Fewest sequences a call sends here: one sequence fills at most a few dozen tiles, one per CTA, and
+#: then the Triton kernel's shorter start wins (B = 1, 6k context, graph replay: 5.3 vs 5.6 us at H = 32,
+#: 5.5 vs 5.7 at H = 64; even at B = 8, 1k; ahead from B = 24; bench/README.md, round 11).
+MIN_BATCH = 2
 #: Call signatures that :func:`fp8_paged_mqa_logits_sm90` sends to the Triton kernel.
 _TRITON_ROUTE: set[tuple[Any, ...]] = set()
 
 
 def serves(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
            block_tables: torch.Tensor) -> bool:
-    """Whether the provider sends this call here: in scope and of a class measured ahead."""
-    return (q.shape[1], q.shape[2]) in MEASURED_AHEAD and unsupported(q, kv_cache, weights, context_lens,
-                                                                     block_tables) is None
+    """Whether the provider sends this call here: in scope, of a class measured ahead, and a batch of at
+    least MIN_BATCH sequences."""
+    return (q.shape[1], q.shape[2]) in MEASURED_AHEAD and q.shape[0] >= MIN_BATCH \
+        and unsupported(q, kv_cache, weights, context_lens, block_tables) is None
 
 
 def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
