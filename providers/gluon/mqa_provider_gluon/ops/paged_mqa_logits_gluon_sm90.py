@@ -752,8 +752,13 @@ def serves(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, conte
            block_tables: torch.Tensor) -> bool:
     """Whether the provider sends this call here: in scope, of a class measured ahead, and a batch of at
     least MIN_BATCH sequences."""
-    return (q.shape[1], q.shape[2]) in MEASURED_AHEAD and q.shape[0] >= MIN_BATCH \
+    return (q.shape[1], q.shape[2]) in MEASURED_AHEAD and _batch_here(q) \
         and unsupported(q, kv_cache, weights, context_lens, block_tables) is None
+
+
+def _batch_here(q: torch.Tensor) -> bool:
+    """MIN_BATCH, checked on every call by the dispatchers: B is not part of the launch signature."""
+    return q.shape[0] >= MIN_BATCH
 
 
 def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -762,6 +767,9 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
     """The ``gluon`` provider's paged op on sm_90: this kernel where :func:`serves` (decided once per
     call signature), else the Triton kernel."""
     clean_logits = bool(clean_logits)
+    if not _batch_here(q):
+        return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                           clean_logits)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs)
     launch = _LAUNCHES.get(key)
@@ -780,7 +788,7 @@ def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
                      _ptrs(q, kv_cache, weights, context_lens, block_tables))
-    if key in _TRITON_ROUTE:
+    if key in _TRITON_ROUTE or not _batch_here(q):
         return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
     return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
 
