@@ -212,27 +212,38 @@ def _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb,
     one = gl.zeros([1], gl.int32, lay)
     va, ta, vb, tb, v_end, n_va = _split(cl_ptr, num_seqs, covered, 0, stride_clb, stride_clj, NEXT_N, LENS_2D,
                                          False)
-    split.index(0).store(one + va)
-    split.index(1).store(one + ta)
-    split.index(2).store(one + vb)
-    split.index(3).store(one + tb)
-    split.index(4).store(one + v_end)
+    _put_range(split, 0, va, ta, vb, tb, v_end, lay)
     split.index(5).store(one + n_va)
     if CLEAN:
         fa, fta, fb, ftb, fv_end, _ = _split(cl_ptr, num_seqs, covered, gl.cdiv(max_ctx, 64), stride_clb, stride_clj,
                                              NEXT_N, LENS_2D, True)
-        split.index(6).store(one + fa)
-        split.index(7).store(one + fta)
-        split.index(8).store(one + fb)
-        split.index(9).store(one + ftb)
-        split.index(10).store(one + fv_end)
+        _put_range(split, 6, fa, fta, fb, ftb, fv_end, lay)
     mbarrier.arrive(split_ready.index(0), count=1)
+
+
+@_jit
+def _put_range(split, at: gl.constexpr, a, b, c, d, e, lay: gl.constexpr):
+    """One range of a split, ``(va, ta, vb, tb, v_end)``, into ``split[at:at + 5]``."""
+    one = gl.zeros([1], gl.int32, lay)
+    split.index(at).store(one + a)
+    split.index(at + 1).store(one + b)
+    split.index(at + 2).store(one + c)
+    split.index(at + 3).store(one + d)
+    split.index(at + 4).store(one + e)
 
 
 @_jit
 def _split_at(split, i: gl.constexpr, lay: gl.constexpr):
     """Entry ``i`` of the published split (after the wait on ``split_ready``)."""
     return gl.max(split.index(i).load(lay), 0)
+
+
+@_jit
+def _get_range(split, split_ready, at: gl.constexpr, lay: gl.constexpr):
+    """``split[at:at + 5]``, the range :func:`_put_range` wrote, once ``split_ready`` has completed."""
+    mbarrier.wait(split_ready.index(0), 0)
+    return (_split_at(split, at, lay), _split_at(split, at + 1, lay), _split_at(split, at + 2, lay),
+            _split_at(split, at + 3, lay), _split_at(split, at + 4, lay))
 
 
 @_jit
@@ -243,12 +254,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    mbarrier.wait(split_ready.index(0), 0)
-    va = _split_at(split, 0, lay)
-    ta = _split_at(split, 1, lay)
-    vb = _split_at(split, 2, lay)
-    tb = _split_at(split, 3, lay)
-    v_end = _split_at(split, 4, lay)
+    va, ta, vb, tb, v_end = _get_range(split, split_ready, 0, lay)
     n_va = _split_at(split, 5, lay)
     lane = gl.arange(0, 32, layout=lay)
     g = 0
@@ -332,12 +338,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     if WG == 0:
         _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
                  CLEAN)
-    mbarrier.wait(split_ready.index(0), 0)
-    va = _split_at(split, 0, idl)
-    ta = _split_at(split, 1, idl)
-    vb = _split_at(split, 2, idl)
-    tb = _split_at(split, 3, idl)
-    v_end = _split_at(split, 4, idl)
+    va, ta, vb, tb, v_end = _get_range(split, split_ready, 0, idl)
     g = 0
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
@@ -381,12 +382,7 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
     offs = gl.arange(0, 64, layout=lay)
     ninf = gl.full([64], float("-inf"), gl.float32, lay)
     t_max = gl.cdiv(max_ctx, 64)
-    mbarrier.wait(split_ready.index(0), 0)
-    fa = _split_at(split, 6, lay)
-    fta = _split_at(split, 7, lay)
-    fb = _split_at(split, 8, lay)
-    ftb = _split_at(split, 9, lay)
-    fv_end = _split_at(split, 10, lay)
+    fa, fta, fb, ftb, fv_end = _get_range(split, split_ready, 6, lay)
     for v in range(fa, fv_end):
         n = gl.cdiv(_seq_hi(cl_ptr, v, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
         i_lo = gl.where(v == fa, fta, 0)
