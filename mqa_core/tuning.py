@@ -21,6 +21,13 @@ file so a reader needs no code to look a shape up:
   next_n exact when the request carries it (a problem without it matches the bucket's entries over
   every next_n, ranked by the geometric mean of their times).
 
+A range may also be half of a power-of-two range, split at 1.5x its start (``[512, 768)`` and
+``[768, 1024)``): ``mqa tune`` splits a bucket whose measured shapes pick different providers, since
+one pick cannot serve both sides of a crossover (H200: triton 15% ahead at 896 x 896, gluon 5% ahead
+at 700 x 900, one bucket). A problem uses the finest entry that contains it; the split bucket's own
+entry still answers where no half was measured. Lookups are by half-range *cells*, so one dict
+lookup serves both.
+
 The table's ``stamp`` records what its timings depend on (device name, arch and compute capability,
 torch, triton, mqa-core and each measured provider's distribution version). A table whose stamp does
 not match this environment is ignored with one warning naming the file. The check runs once per
@@ -37,7 +44,7 @@ import math
 import platform
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -50,15 +57,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mqa_core")
 
-SCHEMA = "mqa-tuning/1"
+SCHEMA = "mqa-tuning/2"
+#: Schemas this module reads: /1 tables (power-of-two ranges only) are a subset of /2.
+READS = ("mqa-tuning/1", SCHEMA)
 #: A measured lead up to this fraction does not override the priority order (timing noise); see above.
 DEFAULT_MARGIN = 0.05
 PREFILL, PAGED = OPS
 BUCKETS_DOC = ("A problem uses the entry with its op, H, D (and next_n for decode, when known) whose "
                "ranges [lo, hi) contain its M and N. Prefill: M = query tokens, N = keys. Decode: M = "
-               "batch x next_n rows, N = max_context_len. Ranges are powers of two: [0, 1), [1, 2), [2, 4)...")
+               "batch x next_n rows, N = max_context_len. Ranges are powers of two: [0, 1), [1, 2), [2, 4)..., "
+               "or halves of one split at 1.5x its start ([512, 768), [768, 1024)); the finest entry "
+               "that contains a problem wins.")
 
-BucketKey = tuple[str, int, int, int, int, int]  # (op, h, d, m index, n index, next_n or 0)
+#: (op, h, d, M cell, N cell, next_n or 0): cells are :func:`cell_index`'s half-octaves.
+BucketKey = tuple[str, int, int, int, int, int]
 
 
 def bucket_index(x: int) -> int:
@@ -70,12 +82,37 @@ def bucket_range(index: int) -> tuple[int, int]:
     return (0, 1) if index == 0 else (1 << (index - 1), 1 << index)
 
 
-def _range_index(r: Sequence[int], what: str) -> int:
+def cell_index(x: int) -> int:
+    """The finest range of ``x``: its power-of-two range, halved at 1.5x its start where it is at least
+    [2, 4): 0 -> [0, 1), 2 -> [1, 2), 4 -> [2, 3), 5 -> [3, 4), 6 -> [4, 6), 7 -> [6, 8)..."""
+    b = x.bit_length()
+    return 2 * b + ((x >> (b - 2)) & 1 if b >= 2 else 0)
+
+
+def cell_range(cell: int) -> tuple[int, int]:
+    b, upper = divmod(cell, 2)
+    if b < 2:
+        return bucket_range(b)
+    lo = 1 << (b - 1)
+    mid = lo + (lo >> 1)
+    return (mid, 1 << b) if upper else (lo, mid)
+
+
+def _range_cells(r: Sequence[int], what: str) -> tuple[int, ...]:
+    """The cells a range covers: both halves of a power-of-two range (one below [2, 4)), or one half."""
     lo, hi = (int(v) for v in r)
-    for i in range(64):
-        if bucket_range(i) == (lo, hi):
-            return i
-    raise ValueError(f"{what} range [{lo}, {hi}) is not a power-of-two bucket ([0, 1), [1, 2), [2, 4), ...)")
+    b = lo.bit_length()
+    if (lo, hi) == bucket_range(b):
+        return (2 * b,) if b < 2 else (2 * b, 2 * b + 1)
+    if lo > 0 and cell_range(cell_index(lo)) == (lo, hi):
+        return (cell_index(lo),)
+    raise ValueError(f"{what} range [{lo}, {hi}) is not a power-of-two bucket ([0, 1), [1, 2), [2, 4), ...) "
+                     "nor half of one split at 1.5x its start ([4, 6), [6, 8), ...)")
+
+
+def _halves(r: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """A range's halves (itself when it is a half already, or below [2, 4))."""
+    return tuple(cell_range(c) for c in _range_cells(r, "range"))
 
 
 @dataclass(frozen=True)
@@ -99,7 +136,7 @@ class Bucket:
                 errors.append(f"{k} must be a positive int, got {v!r}")
         for k in ("m", "n"):
             try:
-                _range_index(getattr(self, k), k)
+                _range_cells(getattr(self, k), k)
                 object.__setattr__(self, k, tuple(int(v) for v in getattr(self, k)))
             except (TypeError, ValueError) as exc:
                 errors.append(str(exc))
@@ -119,8 +156,24 @@ class Bucket:
                    bucket_range(bucket_index(problem.n)), next_n if op == PAGED else None)
 
     @property
-    def key(self) -> BucketKey:
-        return (self.op, self.h, self.d, _range_index(self.m, "m"), _range_index(self.n, "n"), self.next_n or 0)
+    def cells(self) -> tuple[BucketKey, ...]:
+        """The lookup keys this bucket answers: every (M cell, N cell) inside it."""
+        head, nn = (self.op, self.h, self.d), self.next_n or 0
+        return tuple(head + (mc, nc, nn) for mc in _range_cells(self.m, "m") for nc in _range_cells(self.n, "n"))
+
+    @property
+    def fineness(self) -> int:
+        """How many of M and N are halved ranges: a finer entry wins over a coarser one."""
+        return sum(len(_range_cells(r, "range")) == 1 and r[0] >= 2 for r in (self.m, self.n))
+
+    def halves(self) -> tuple[Bucket, ...]:
+        """The buckets a split makes: each of M and N halved where it can be (M first)."""
+        return tuple(replace(self, m=m, n=n) for m in _halves(self.m) for n in _halves(self.n))
+
+    def contains(self, op: str, problem: Problem, next_n: int | None = None) -> bool:
+        """Whether a problem of ``op`` (with ``next_n``, decode) falls in this bucket."""
+        return (op, problem.h, problem.d) == (self.op, self.h, self.d) and (next_n or None) == self.next_n \
+            and self.m[0] <= problem.m < self.m[1] and self.n[0] <= problem.n < self.n[1]
 
     def __str__(self) -> str:
         nn = f" next_n={self.next_n}" if self.next_n else ""
@@ -131,7 +184,7 @@ class Bucket:
 def key_of(op: str, problem: Problem) -> BucketKey:
     """The lookup key of a request: the hot path's only work besides one dict lookup."""
     next_n = (getattr(problem, "next_n", None) or 0) if op == PAGED else 0
-    return (op, problem.h, problem.d, problem.m.bit_length(), problem.n.bit_length(), next_n)
+    return (op, problem.h, problem.d, cell_index(problem.m), cell_index(problem.n), next_n)
 
 
 @dataclass(frozen=True)
@@ -212,13 +265,15 @@ def _pct(x: float) -> str:
 def _merge_next_n(entries: Sequence[Entry]) -> Entry:
     """One entry for a decode bucket over every next_n: geomean time of providers timed in all of them."""
     first = entries[0].bucket
+    m = min((e.bucket.m for e in entries), key=lambda r: r[1] - r[0])  # the cell's finest ranges
+    n = min((e.bucket.n for e in entries), key=lambda r: r[1] - r[0])
     names = sorted({n for e in entries for n in e.times_ms})
     times: dict[str, float | None] = {}
     for name in names:
         ts = [t for e in entries if (t := e.times_ms.get(name)) is not None]
         times[name] = math.exp(sum(math.log(t) for t in ts) / len(ts)) if len(ts) == len(entries) else None
     shapes = tuple(s for e in entries for s in e.shapes)
-    return Entry(Bucket(first.op, first.h, first.d, first.m, first.n, None), times, {}, shapes)
+    return Entry(Bucket(first.op, first.h, first.d, m, n, None), times, {}, shapes)
 
 
 # -- the stamp ------------------------------------------------------------------------------------
@@ -318,15 +373,19 @@ class TuningTable:
         object.__setattr__(self, "margin", float(m))
         object.__setattr__(self, "entries", tuple(self.entries))
         index: dict[BucketKey, Entry] = {}
-        for e in self.entries:
-            if e.bucket.key in index:
-                raise ValueError(f"two entries for bucket {e.bucket}")
-            index[e.bucket.key] = e
+        for e in sorted(self.entries, key=lambda e: -e.bucket.fineness):  # the finest entry over a cell answers
+            for key in e.bucket.cells:
+                other = index.get(key)
+                if other is None:
+                    index[key] = e
+                elif other.bucket.fineness == e.bucket.fineness:
+                    raise ValueError(f"two entries for bucket {e.bucket}" if other.bucket == e.bucket else
+                                     f"entries for buckets {other.bucket} and {e.bucket} overlap, neither finer")
         # Decode entries also answer requests that do not say their next_n (key next_n = 0).
         groups: dict[BucketKey, list[Entry]] = {}
-        for e in self.entries:
-            if e.bucket.op == PAGED and e.bucket.next_n:
-                groups.setdefault(e.bucket.key[:5] + (0,), []).append(e)
+        for key, e in index.items():
+            if key[0] == PAGED and key[5]:
+                groups.setdefault(key[:5] + (0,), []).append(e)
         for key, group in groups.items():
             if key not in index:
                 index[key] = _merge_next_n(sorted(group, key=lambda e: e.bucket.next_n or 0))
@@ -342,8 +401,8 @@ class TuningTable:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "") -> TuningTable:
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"schema is {d.get('schema')!r}, expected {SCHEMA!r}")
+        if d.get("schema") not in READS:
+            raise ValueError(f"schema is {d.get('schema')!r}, expected one of {', '.join(map(repr, READS))}")
         info = {k: v for k, v in d.items() if k not in ("schema", "stamp", "margin", "entries", "buckets")}
         return cls(Stamp.from_dict(d["stamp"]), tuple(Entry.from_dict(e) for e in d["entries"]), path, info,
                    d.get("margin", DEFAULT_MARGIN))  # tables written before the margin: the default

@@ -12,6 +12,7 @@ import pytest
 import torch
 from repo_scripts import ROOT, load_script
 
+from mqa_core import Problem
 from mqa_core.cli.main import main
 from mqa_core.cli.tune import TuneShape, engine_preset
 from mqa_core.tuning import load_tuning
@@ -368,3 +369,71 @@ def test_replay_all_is_refused_without_cuda(tmp_path) -> None:
     r = mqa("tune", "--device", "cpu", "--providers", "torch_ref", "--shapes", "decode:2,256,1,32,128",
             "--replay", "all", "--out", "t.json", cwd=tmp_path)
     assert r.returncode != 0 and "--replay all times CUDA-graph replays, which cpu has none of" in r.stderr
+
+
+# -- split buckets ---------------------------------------------------------------------------------
+
+def _crossover(shape: TuneShape) -> dict:
+    """Times of two providers with a crossover at M = 768 inside the bucket [512, 1024)^2 (as measured on
+    an H200: a tie at 512 x 512, triton 15% ahead at 896 x 896, gluon 5% ahead at 700 x 900)."""
+    from mqa_core.cli.tune import Result
+
+    m = shape.problem.m
+    return {"gluon": Result(1.0 if m < 768 else 1.15, "ok"), "triton": Result(1.06 if m < 768 else 1.0, "ok")}
+
+
+def test_a_bucket_whose_shapes_pick_different_providers_is_split_and_its_empty_halves_measured():
+    from mqa_core.cli.tune import halves_to_measure, split_buckets
+
+    shapes = [TuneShape.prefill(512, 512, 32, 128), TuneShape.prefill(896, 896, 32, 128),
+              TuneShape.prefill(2048, 2048, 32, 128), TuneShape.prefill(3584, 3584, 32, 128)]
+    results = {i: _crossover(s) for i, s in enumerate(shapes)}
+    order = ["gluon", "triton"]
+    split = split_buckets(shapes, results, order, 0.05)
+    assert split == [shapes[0].bucket()]  # the second bucket's shapes both pick triton
+    added = halves_to_measure(split, shapes, results)
+    assert [(s.problem.m, s.problem.n, s.kind) for s in added] == [(627, 887, "causal")]  # M > N: no causal shape
+    assert split_buckets(shapes, results, order, 0.2) == []  # within a 20% margin gluon is kept on every shape
+    full = [TuneShape.prefill(512, 512, 32, 128, "full"), TuneShape.prefill(896, 896, 32, 128, "full")]
+    added = halves_to_measure(split_buckets(full, {0: results[0], 1: results[1]}, order, 0.05), full, results)
+    assert [(s.problem.m, s.problem.n) for s in added] == [(627, 887), (887, 627)]
+    decode = TuneShape.decode(16, 4096, 2, 32, 128)  # M = 32 in [32, 64), N in [4096, 8192)
+    assert [(s.batch, s.problem.m, s.problem.n) for s in map(decode.within, decode.bucket().halves())] == \
+        [(20, 40, 5017), (20, 40, 7094), (28, 56, 5017), (28, 56, 7094)]
+
+
+def test_tune_splits_a_crossover_bucket_and_selection_follows_the_halves(tmp_path, monkeypatch, capsys):
+    """``mqa tune`` end to end with a timing model standing in for the GPU (the crossover above): the
+    split, the second pass over the empty half, the table's entries and the choice ``explain`` makes."""
+    import mqa_core.cli.tune as tune
+
+    passes = []
+
+    def measure(shapes, names, *args, kit=None, **kw):
+        passes.append([(s.problem.m, s.problem.n) for s in shapes])
+        assert kit is not None
+        return {i: {n: r for n, r in _crossover(s).items() if n in names} for i, s in enumerate(shapes)}
+
+    monkeypatch.setattr(tune, "measure", measure)
+    monkeypatch.setattr(tune, "providers_for", lambda *a, **k: {})
+    monkeypatch.setattr(tune, "priority_order", lambda names: ["gluon", "triton"])
+    out = tmp_path / "t.json"
+    assert main(["tune", "--device", "cpu", "--providers", "gluon,triton", "--shapes", "prefill:512,512,32,128",
+                 "prefill:896,896,32,128", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert passes == [[(512, 512), (896, 896)], [(627, 887)]]
+    assert "split 1 bucket(s) whose shapes picked different providers" in text
+    data = json.loads(out.read_text())
+    assert data["split"] == ["fp8_mqa_logits H=32 D=128 M in [512, 1024) N in [512, 1024)"]
+    assert [(e["m"], e["n"], e["shapes"]) for e in data["entries"]] == [
+        ([512, 1024], [512, 1024], ["causal M=512 N=512 H=32 D=128", "causal M=896 N=896 H=32 D=128",
+                                    "causal M=627 N=887 H=32 D=128"]),
+        ([512, 768], [512, 768], ["causal M=512 N=512 H=32 D=128"]),
+        ([512, 768], [768, 1024], ["causal M=627 N=887 H=32 D=128"]),
+        ([768, 1024], [768, 1024], ["causal M=896 N=896 H=32 D=128"])]
+    table = load_tuning(str(out))
+    priority = ["gluon", "triton"]
+    picks = {(m, n): table.lookup("fp8_mqa_logits", Problem(m, n, 32, 128)).pick(priority, table.margin).chosen
+             for m, n in ((700, 900), (600, 600), (900, 1000), (1000, 600))}
+    # the half each shape falls in decides; (1000, 600) has no half measured: the bucket's geomean
+    assert picks == {(700, 900): "gluon", (600, 600): "gluon", (900, 1000): "triton", (1000, 600): "gluon"}

@@ -24,6 +24,8 @@ from mqa_core.tuning import (
     TuningTable,
     bucket_index,
     bucket_range,
+    cell_index,
+    cell_range,
     current_stamp,
     load_tuning,
 )
@@ -61,8 +63,34 @@ def test_bucket_of_a_problem_and_its_text():
     assert Bucket.of("fp8_mqa_logits", Problem(3, 5, 32, 64), next_n=2).next_n is None
 
 
+@pytest.mark.parametrize("x, r", [(0, (0, 1)), (1, (1, 2)), (2, (2, 3)), (3, (3, 4)), (5, (4, 6)), (6, (6, 8)),
+                                  (700, (512, 768)), (767, (512, 768)), (768, (768, 1024)), (1023, (768, 1024)),
+                                  (40000, (32768, 49152)), (50000, (49152, 65536))])
+def test_cells_halve_each_power_of_two_range_at_one_and_a_half_times_its_start(x, r):
+    assert cell_range(cell_index(x)) == r
+    lo, hi = bucket_range(bucket_index(x))
+    assert lo <= r[0] <= x < r[1] <= hi
+
+
+def test_half_ranges_make_finer_buckets_and_a_bucket_splits_into_its_halves():
+    b = Bucket("fp8_mqa_logits", 32, 128, (512, 1024), (512, 1024))
+    assert b.fineness == 0 and len(b.cells) == 4
+    halves = b.halves()
+    assert [(h.m, h.n) for h in halves] == [((512, 768), (512, 768)), ((512, 768), (768, 1024)),
+                                            ((768, 1024), (512, 768)), ((768, 1024), (768, 1024))]
+    assert all(h.fineness == 2 and len(h.cells) == 1 for h in halves)
+    assert sorted(k for h in halves for k in h.cells) == sorted(b.cells)
+    assert str(halves[1]) == "fp8_mqa_logits H=32 D=128 M in [512, 768) N in [768, 1024)"
+    one_row = Bucket("fp8_paged_mqa_logits", 32, 128, (1, 2), (4096, 8192), 1)  # M = [1, 2) has no halves
+    assert [(h.m, h.n, h.fineness) for h in one_row.halves()] == [((1, 2), (4096, 6144), 1), ((1, 2), (6144, 8192), 1)]
+    assert halves[1].contains("fp8_mqa_logits", Problem(700, 900, 32, 128))
+    assert not halves[1].contains("fp8_mqa_logits", Problem(700, 700, 32, 128))
+    assert not halves[1].contains("fp8_mqa_logits", Problem(700, 900, 64, 128))
+
+
 @pytest.mark.parametrize("kw, says", [
     ({"m": (3, 8)}, r"m range \[3, 8\) is not a power-of-two bucket"),
+    ({"n": (512, 700)}, r"n range \[512, 700\) is not a power-of-two bucket .* nor half of one"),
     ({"op": "nope"}, "op 'nope' is not one of"),
     ({"h": 0}, "h must be a positive int"),
     ({"next_n": 2}, "next_n is for decode"),
@@ -98,6 +126,42 @@ def test_round_trip_and_lookup(tmp_path):
     assert table.lookup("fp8_paged_mqa_logits", Problem(6, 600, 32, 128)).ranking == ("torch_ref",)
 
 
+def test_the_finest_entry_over_a_cell_answers_and_the_coarse_one_the_rest(tmp_path):
+    coarse = entry(m=(512, 1024), n=(512, 1024), a=1.0, b=2.0)
+    fine = entry(m=(512, 768), n=(768, 1024), a=2.0, b=1.0)
+    for order in ((coarse, fine), (fine, coarse)):
+        path = write(tmp_path / "t.json", order)
+        table = load_tuning(path)
+        assert table.lookup("fp8_mqa_logits", Problem(700, 900, 32, 128)).bucket == fine.bucket
+        for m, n in ((600, 600), (900, 900), (1000, 520)):
+            assert table.lookup("fp8_mqa_logits", Problem(m, n, 32, 128)).bucket == coarse.bucket, (m, n)
+    assert json.load(open(path))["entries"][0]["m"] == [512, 768]
+
+
+def test_overlapping_entries_that_are_equally_fine_are_refused_unless_a_finer_one_decides():
+    m_half = entry(m=(512, 768), n=(512, 1024), a=1.0)
+    n_half = entry(m=(512, 1024), n=(512, 768), a=1.0)
+    with pytest.raises(ValueError, match=r"entries for buckets .* overlap, neither finer"):
+        TuningTable(here(), (m_half, n_half))
+    with pytest.raises(ValueError, match="two entries for bucket"):
+        TuningTable(here(), (m_half, m_half))
+    both = entry(m=(512, 768), n=(512, 768), a=1.0)  # the one cell they share
+    for order in ((m_half, n_half, both), (both, n_half, m_half)):
+        t = TuningTable(here(), order)
+        assert t.lookup("fp8_mqa_logits", Problem(600, 600, 32, 128)) is both
+        assert t.lookup("fp8_mqa_logits", Problem(600, 900, 32, 128)) is m_half
+        assert t.lookup("fp8_mqa_logits", Problem(900, 600, 32, 128)) is n_half
+        assert t.lookup("fp8_mqa_logits", Problem(900, 900, 32, 128)) is None
+
+
+def test_a_table_of_the_first_schema_still_loads(tmp_path):
+    path = write(tmp_path / "t.json", [entry(torch_ref=2.0, example_chunked=1.0)])
+    data = json.load(open(path))
+    data["schema"] = "mqa-tuning/1"
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    assert load_tuning(path).lookup("fp8_mqa_logits", Problem(300, 1500, 32, 128)).ranking[0] == "example_chunked"
+
+
 def test_decode_requests_without_next_n_merge_the_next_n_entries(tmp_path):
     table = TuningTable(here(), (
         entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(512, 1024), next_n=1, a=1.0, b=4.0),
@@ -113,6 +177,19 @@ def test_decode_requests_without_next_n_merge_the_next_n_entries(tmp_path):
     p = WithNextN(5, 600, 32, 128)
     object.__setattr__(p, "next_n", 2)
     assert table.lookup("fp8_paged_mqa_logits", p).ranking == ("c", "b", "a")
+
+
+def test_a_split_decode_bucket_merges_per_cell_over_next_n():
+    table = TuningTable(here(), (
+        entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(512, 1024), next_n=1, a=1.0, b=4.0),
+        entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(512, 1024), next_n=2, a=9.0, b=1.0),
+        entry(op="fp8_paged_mqa_logits", m=(4, 8), n=(768, 1024), next_n=2, a=1.0, b=4.0),
+    ))
+    low = table.lookup("fp8_paged_mqa_logits", Problem(5, 600, 32, 128))
+    high = table.lookup("fp8_paged_mqa_logits", Problem(5, 900, 32, 128))
+    assert low.times_ms == pytest.approx({"a": 3.0, "b": 2.0}) and low.bucket.n == (512, 1024)
+    assert high.times_ms == pytest.approx({"a": 1.0, "b": 4.0}) and high.bucket.n == (768, 1024)  # the finer
+    assert low.bucket.next_n is None and low.bucket.m == (4, 8)
 
 
 @pytest.mark.parametrize("content, says", [
@@ -369,4 +446,4 @@ def test_the_hot_path_lookup_is_one_dict_get(tmp_path, monkeypatch):
 
     object.__setattr__(table, "_index", Spy(table._index))
     assert table.lookup("fp8_mqa_logits", Problem(300, 1500, 32, 128)).ranking[0] == "example_chunked"
-    assert calls == [("fp8_mqa_logits", 32, 128, 9, 11, 0)]
+    assert calls == [("fp8_mqa_logits", 32, 128, 18, 22, 0)]  # cells [256, 384) and [1024, 1536)

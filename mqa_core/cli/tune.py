@@ -11,7 +11,9 @@ engine sees and drift falls on every provider alike; decode shapes on CUDA by CU
 instead (``--replay``), as engines run decode steps. The table (``mqa_core.tuning``) records every
 provider's time in every bucket, stamped with what the timings depend on, and the noise margin
 (``--margin``) within which a measured lead does not override the priority order; the summary shows
-each bucket's pick as selection will make it.
+each bucket's pick as selection will make it. A bucket whose shapes pick different providers holds a
+crossover, which one pick cannot serve: it is split into halves of M and N (``Bucket.halves``), the
+empty halves measured at their middle in a second pass, and each half given an entry of its own.
 """
 
 from __future__ import annotations
@@ -52,7 +54,10 @@ shapes (--shapes, added to the preset):
   decode:B,CONTEXT,NEXT_N,H,D
 
 buckets: op, H, D (and next_n for decode) with power-of-two ranges of M and N, written in the table
-as [lo, hi); prefill M = query tokens, N = keys; decode M = batch x next_n, N = context.
+as [lo, hi); prefill M = query tokens, N = keys; decode M = batch x next_n, N = context. A bucket
+whose shapes pick different providers (a crossover inside it) is split: M and N halved at 1.5x the
+range's start, each half without a measured shape measured at its middle, and each half written as
+an entry of its own (selection uses the finest entry that contains a problem).
 
 timing: prefill shapes eager, the providers interleaved in rounds of >= 1 ms batches (an engine runs
 prefill eagerly); with --replay auto (default) decode shapes on CUDA by CUDA-graph replay, the
@@ -113,6 +118,19 @@ class TuneShape:
         from ..tuning import Bucket
 
         return Bucket.of(self.op, self.problem, self.next_n or None)
+
+    def within(self, bucket: Bucket) -> TuneShape | None:
+        """A shape like this one (kind, next_n, H, D) at the geometric middle of ``bucket``'s M and N
+        ranges, or None when none fits there (a causal, suffix or chunk window needs M <= N)."""
+        m, n = (round(math.sqrt(lo * hi)) for lo, hi in (bucket.m, bucket.n))
+        p = self.problem
+        if self.op == PAGED:
+            shape = TuneShape.decode(max(1, round(m / self.next_n)), max(1, n), self.next_n, p.h, p.d)
+        elif m > n and self.kind != "full":
+            return None
+        else:
+            shape = TuneShape.prefill(max(1, m), max(1, n), p.h, p.d, self.kind)
+        return shape if bucket.contains(shape.op, shape.problem, shape.next_n) else None
 
 
 def quick_preset() -> list[TuneShape]:
@@ -271,17 +289,19 @@ class Result:
 
 def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[tuple[str, str], Provider],
             device: torch.device, arch: str, *, warmup: int, repeat: int, seed: int,
-            progress: Progress, deadline: float | None = None, replay: str = "none") -> dict[int, dict[str, Result]]:
+            progress: Progress, deadline: float | None = None, replay: str = "none",
+            kit: dict[tuple[str, str, int, int], str | None] | None = None) -> dict[int, dict[str, Result]]:
     """Kit subset per (provider, op, H, D), then check + time each shape: shape index -> name -> result.
 
     A shape :func:`replayed` under ``replay`` takes each provider's CUDA-graph replay time (a provider
     whose calls cannot be captured gets no time there, and says why). After ``deadline`` (a
-    ``time.monotonic()`` value) no new shape is started; those are left out.
+    ``time.monotonic()`` value) no new shape is started; those are left out. ``kit`` keeps the kit
+    subset's verdicts across calls (a later pass over more shapes does not run it again).
     """
     from ..bench.runner import run_workloads
     from ..select import shape_reason
 
-    kit: dict[tuple[str, str, int, int], str | None] = {}
+    kit = {} if kit is None else kit
     results: dict[int, dict[str, Result]] = {}
     for i, shape in enumerate(shapes):
         if deadline is not None and time.monotonic() > deadline:
@@ -331,17 +351,53 @@ def result_of(row: dict[str, Any], graph: bool) -> Result:
     return Result(float(row["graph_ms"]), "ok")
 
 
+def _buckets(shapes: Sequence[TuneShape], results: dict[int, dict[str, Result]]) -> dict[Bucket, list[int]]:
+    """Each bucket's measured shapes (indices; shapes a time budget left out are in none)."""
+    groups: dict[Bucket, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        if i in results:
+            groups.setdefault(shape.bucket(), []).append(i)
+    return groups
+
+
+def split_buckets(shapes: Sequence[TuneShape], results: dict[int, dict[str, Result]], by_priority: Sequence[str],
+                  margin: float) -> list[Bucket]:
+    """The buckets whose measured shapes pick different providers, each shape picking as selection
+    would (:meth:`~mqa_core.tuning.Entry.pick`, ``by_priority`` and ``margin``): a crossover lies
+    inside them, so one pick cannot serve the whole bucket."""
+    from ..tuning import Entry
+
+    out = []
+    for bucket, idx in _buckets(shapes, results).items():
+        picks = {p.chosen for i in idx
+                 if (p := Entry(bucket, {n: r.ms for n, r in results[i].items()}).pick(by_priority, margin))}
+        if len(picks) > 1 and len(bucket.halves()) > 1:  # [1, 2) x [1, 2) has no halves
+            out.append(bucket)
+    return out
+
+
+def halves_to_measure(split: Sequence[Bucket], shapes: Sequence[TuneShape],
+                      results: dict[int, dict[str, Result]]) -> list[TuneShape]:
+    """For each split bucket, a shape at the middle of each half that holds no measured shape."""
+    groups = _buckets(shapes, results)
+    out = []
+    for bucket in split:
+        mine = [shapes[i] for i in groups[bucket]]
+        for half in bucket.halves():
+            if not any(half.contains(s.op, s.problem, s.next_n) for s in mine):
+                shape = mine[0].within(half)
+                out += [shape] if shape is not None else []
+    return out
+
+
 def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict[int, dict[str, Result]],
-                stamp: Any, info: dict[str, Any], margin: float = DEFAULT_MARGIN) -> TuningTable:
-    """One entry per bucket; a bucket measured on several shapes keeps each provider's geomean time."""
+                stamp: Any, info: dict[str, Any], margin: float = DEFAULT_MARGIN,
+                split: Sequence[Bucket] = ()) -> TuningTable:
+    """One entry per bucket, keeping each provider's geomean time over the bucket's shapes; a bucket in
+    ``split`` also gets one entry per half that holds a measured shape."""
     from ..tuning import Entry, TuningTable
 
-    groups: dict[Any, list[int]] = {}
-    for i, shape in enumerate(shapes):
-        if i in results:  # shapes a time budget left out have no entry
-            groups.setdefault(shape.bucket(), []).append(i)
-    entries = []
-    for bucket, idx in groups.items():
+    def entry(bucket: Bucket, idx: Sequence[int]) -> Entry:
         times: dict[str, float | None] = {}
         status: dict[str, str] = {}
         for name in names:
@@ -350,7 +406,15 @@ def build_table(shapes: Sequence[TuneShape], names: Sequence[str], results: dict
             ms = [r.ms for r in rs if r.ms is not None]
             times[name] = None if bad else math.exp(sum(math.log(t) for t in ms) / len(ms))
             status[name] = bad.status if bad else "ok"
-        entries.append(Entry(bucket, times, status, tuple(shapes[i].name for i in idx)))
+        return Entry(bucket, times, status, tuple(shapes[i].name for i in idx))
+
+    entries = []
+    for bucket, idx in _buckets(shapes, results).items():
+        entries.append(entry(bucket, idx))
+        if bucket in split:
+            for half in bucket.halves():
+                inside = [i for i in idx if half.contains(shapes[i].op, shapes[i].problem, shapes[i].next_n)]
+                entries += [entry(half, inside)] if inside else []
     return TuningTable(stamp, tuple(entries), info=info, margin=margin)
 
 
@@ -424,10 +488,23 @@ def run(args: argparse.Namespace) -> int:
           "batches each" + "".join(f"; {op} by CUDA-graph replay" for op, t in timing.items() if t == REPLAYED),
           file=sys.stderr, flush=True)
     progress = Progress(len(shapes) * len(names))
+    by_priority = priority_order(names)
+    deadline = None if args.budget is None else start + args.budget
+    kit: dict[tuple[str, str, int, int], str | None] = {}
     try:
         results = measure(shapes, names, providers, device, arch, warmup=warmup, repeat=repeat, seed=args.seed,
-                          progress=progress, deadline=None if args.budget is None else start + args.budget,
-                          replay=args.replay)
+                          progress=progress, deadline=deadline, replay=args.replay, kit=kit)
+        split = split_buckets(shapes, results, by_priority, args.margin)
+        added = halves_to_measure(split, shapes, results)
+        if added:  # then the halves of each split bucket that no shape of it fell in
+            progress.total += len(added) * len(names)
+            progress.note(f"{len(split)} bucket(s) pick different providers on different shapes: measuring "
+                          f"{len(added)} more shape(s) in their halves")
+            more = measure(added, names, providers, device, arch, warmup=warmup, repeat=repeat,
+                           seed=args.seed + len(shapes), progress=progress, deadline=deadline, replay=args.replay,
+                           kit=kit)
+            results.update({len(shapes) + i: r for i, r in more.items()})
+            shapes = shapes + added
     finally:
         progress.close()
     dists = {n: spec.distribution for n in names if (spec := spec_named(n)) is not None}
@@ -435,8 +512,9 @@ def run(args: argparse.Namespace) -> int:
             "arguments": {"device": str(device), "providers": list(names), "preset": preset,
                           "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "replay": args.replay,
                           "timing": timing, "seed": args.seed,
-                          "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)}}
-    table = build_table(shapes, names, results, current_stamp(device, dists), info, args.margin)
+                          "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)},
+            "split": [str(b) for b in split]}
+    table = build_table(shapes, names, results, current_stamp(device, dists), info, args.margin, split)
     table.write(args.out)
     if args.json:
         print(json.dumps(table.to_dict(), indent=1))
@@ -446,7 +524,11 @@ def run(args: argparse.Namespace) -> int:
                REPLAYED: "CUDA-graph replay (the device's time; median of 10 replays)"}
         print(f"fp8 MQA logits on {device_name} ({arch}): ms per call; "
               + "; ".join(f"{op}: {how[t]}" for op, t in timing.items()))
-        print(summary(table, names, priority_order(names)))
+        print(summary(table, names, by_priority))
+        if split:
+            print(f"split {len(split)} bucket(s) whose shapes picked different providers; each half measured "
+                  "has an entry of its own (the finest entry containing a problem is used): "
+                  + "; ".join(map(str, split)))
         if len(results) < len(shapes):
             print(f"time budget ({args.budget:g} s) reached: {len(shapes) - len(results)} of {len(shapes)} "
                   "shapes not measured; their buckets fall back to priority")
