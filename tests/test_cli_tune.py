@@ -170,12 +170,16 @@ def test_shapes_and_presets():
     assert TuneShape.parse("prefill:4096,16384,64,128:full").kind == "full"
     shapes = engine_preset()
     buckets = [s.bucket() for s in shapes]
-    assert len(set(buckets)) == 40 and len(buckets) == 56
+    assert len(set(buckets)) == 40 and len(buckets) == 80
     per_bucket = {b: [s for s in shapes if s.bucket() == b] for b in buckets}
-    for b, group in per_bucket.items():  # prefill: both ends of the bucket, one window kind; decode: one
+    for b, group in per_bucket.items():  # prefill: the bucket's corners, one window kind; decode: one shape
         if b.op == "fp8_mqa_logits":
-            lo, hi = group
-            assert lo.kind == hi.kind and hi.problem.m > 1.5 * lo.problem.m and hi.problem.n > 1.5 * lo.problem.n
+            assert len({s.kind for s in group}) == 1
+            cells = {(s.problem.m >= 1.5 * b.m[0], s.problem.n >= 1.5 * b.n[0]) for s in group}
+            lo_n_top_m_fits = group[0].kind == "full" or 1.5 * b.m[0] < b.n[0]
+            assert cells == {(False, False), (False, True), (True, True)} | ({(True, False)} if lo_n_top_m_fits
+                                                                             else set()), b
+            assert all(s.problem.m <= s.problem.n or s.kind == "full" for s in group)
         else:
             assert len(group) == 1
 

@@ -45,9 +45,11 @@ EPILOG = """presets:
   quick    prefill M x N = 64 x 256, 256 x 1024 (causal) and decode B x context x next_n =
            2 x 256 x 1, 4 x 512 x 2; H=32 D=128 (seconds on a CPU)
   engine   prefill, H=32 and 64, D=128: 512 and 1k prompts, 2k chunk after 6k, 4k and 8k prompts,
-           4k x 16k full windows, 256 x 64k and 1k x 32k prompt tails, each also at 1.75x its M and
-           N (the top of its bucket; the table keeps the geomean); decode, H=32 and 64, D=128:
-           batch 1 / 16 / 64 x context 4k / 32k x next_n 1 / 2 (minutes on an H200)
+           4k x 16k full windows, 256 x 64k and 1k x 32k prompt tails, each bucket at its corners:
+           also at 1.75x its N, at 1.75x its M and N (the top of its range), and for full windows
+           at 1.75x its M (the table keeps the geomean, and splits a bucket whose corners pick
+           different providers); decode, H=32 and 64, D=128: batch 1 / 16 / 64 x context 4k / 32k
+           x next_n 1 / 2 (minutes on an H200)
 
 shapes (--shapes, added to the preset):
   prefill:M,N,H,D[:KIND]    KIND causal (default), full, chunk or suffix
@@ -141,20 +143,29 @@ def quick_preset() -> list[TuneShape]:
 #: Prefill buckets of the engine preset: (M, N, window kind) at the bottom of each power-of-two range.
 ENGINE_PREFILL = ((512, 512, "causal"), (1024, 1024, "causal"), (2048, 8192, "suffix"), (4096, 4096, "causal"),
                   (8192, 8192, "causal"), (4096, 16384, "full"), (256, 65536, "suffix"), (1024, 32768, "suffix"))
-#: Each prefill bucket is also measured at this multiple of its M and N (near the top of its range):
-#: a provider's lead can turn within one bucket (H200, 2026-12-03: DeepGEMM 1.3% ahead at 1024 x 32768
-#: suffix, 13% ahead at 1500 x 40000), and the table keeps each provider's geomean over both shapes.
+#: Each prefill bucket is also measured at this multiple of its M and N (near the top of its range), of
+#: N alone, and for full windows of M alone: a provider's lead can turn within one bucket, along its
+#: size (H200, 2026-12-03: DeepGEMM 1.3% ahead at 1024 x 32768 suffix, 13% ahead at 1500 x 40000) and
+#: along its aspect (triton ahead at 512 x 512 and 896 x 896 causal, gluon 5% ahead at 700 x 900). The
+#: table keeps each provider's geomean over the shapes, and splits the bucket where they disagree.
 TOP_OF_BUCKET = 1.75
 
 
+def corners(m: int, n: int, h: int, kind: str) -> list[TuneShape]:
+    """A prefill bucket's shapes: (M, N), (M, top N), (top M, top N), and (top M, N) where the window
+    allows M > N (full windows only: the last M of N tokens needs M <= N)."""
+    top_m, top_n = int(m * TOP_OF_BUCKET), int(n * TOP_OF_BUCKET)
+    sizes = [(m, n), (m, top_n), (top_m, top_n)] + ([(top_m, n)] if kind == "full" or top_m <= n else [])
+    return [TuneShape.prefill(a, b, h, 128, kind) for a, b in sizes]
+
+
 def engine_preset() -> list[TuneShape]:
-    """What an engine sends: short prompts, chunks, long-prompt tails (each prefill bucket at both ends
-    of its range), and decode (one shape per bucket: its providers differ by the launch, not the kernel)."""
+    """What an engine sends: short prompts, chunks, long-prompt tails (each prefill bucket at its
+    corners), and decode (one shape per bucket: its providers differ by the launch, not the kernel)."""
     out = []
     for h in (32, 64):
         for m, n, kind in ENGINE_PREFILL:
-            out += [TuneShape.prefill(m, n, h, 128, kind),
-                    TuneShape.prefill(int(m * TOP_OF_BUCKET), int(n * TOP_OF_BUCKET), h, 128, kind)]
+            out += corners(m, n, h, kind)
         out += [TuneShape.decode(b, ctx, nn, h, 128) for b in (1, 16, 64) for ctx in (4096, 32768) for nn in (1, 2)]
     return out
 
