@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any
 
 import torch
@@ -68,8 +69,15 @@ class GluonPagedConfig:
     math_regs: int | None = None
     loader_regs: int | None = None
     fill_regs: int | None = None
+    #: 1: each math thread waits for its ring slot and releases it itself (inline PTX; the slot's
+    #: ``empty`` barrier counts 128 arrivals), so the tile loop has no warpgroup ``bar.sync``; 0: one
+    #: thread per warpgroup, through Gluon's mbarrier ops, after a warpgroup barrier (triton 3.6's
+    #: shared-memory analysis puts one before each wait and each arrive).
+    thread_release: int = 0
 
     def __post_init__(self) -> None:
+        if self.thread_release not in (0, 1):
+            raise ValueError(f"GluonPagedConfig.thread_release must be 0 or 1, got {self.thread_release}")
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
@@ -300,6 +308,25 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
 
 
 @_jit
+def _smem_wait(off, phase):
+    """Every thread: wait on the mbarrier at shared offset ``off`` (bytes past ``global_smem``) for the
+    phase of parity ``phase``. Inline PTX, so the membar pass sees no WaitBarrierOp (no bar.sync)."""
+    return gl.inline_asm_elementwise(
+        "{\n.reg .pred p;\n.reg .b32 a;\nmov.u32 a, global_smem;\nadd.u32 a, a, $1;\n"
+        "waitLoop:\nmbarrier.try_wait.parity.shared::cta.b64 p, [a], $2;\n@!p bra.uni waitLoop;\nmov.u32 $0, 0;\n}",
+        "=r,r,r", [off, phase], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _smem_arrive(off):
+    """Every thread: arrive (release, CTA scope) on the mbarrier at shared offset ``off``."""
+    return gl.inline_asm_elementwise(
+        "{\n.reg .b32 a;\nmov.u32 a, global_smem;\nadd.u32 a, a, $1;\n"
+        "mbarrier.arrive.release.cta.shared::cta.b64 _, [a];\nmov.u32 $0, 0;\n}",
+        "=r,r", [off], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
 def _row_lens(cl_ptr, v, offs_j, ok, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
     """[next_n] positions each query row of sequence ``v`` sees, in [0, covered] (0 where not ``ok``)."""
     row = cl_ptr + v.to(gl.int64) * stride_clb
@@ -321,7 +348,8 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, cl_ptr, out_ptr,
           num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr, CLEAN: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, THREAD_RELEASE: gl.constexpr, READY_OFF: gl.constexpr,
+          EMPTY_OFF: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -335,6 +363,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
+    one_per_thread = gl.zeros([128], gl.int32, idl)  # the inline PTX runs once in each thread
     if WG == 0:
         _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
                  CLEAN)
@@ -358,13 +387,19 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         n_t = gl.maximum(t_hi - t_lo, 0)
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s = (g + i) % STAGES
-            mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+            if THREAD_RELEASE:
+                _smem_wait(one_per_thread + (READY_OFF + 8 * s), one_per_thread + (((g + i) // STAGES) & 1))
+            else:
+                mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
             sc = gl.expand_dims(sc_smem.index(s)._reinterpret(gl.float32, [64], flat).load(slay), 1)  # during the wgmma
             blk = gl.max(ids.index(s).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(empty.index(s), count=1)
+            if THREAD_RELEASE:
+                _smem_arrive(one_per_thread + (EMPTY_OFF + 8 * s))  # every thread: its reads of the slot are done
+            else:
+                mbarrier.arrive(empty.index(s), count=1)
             r = _head_sum(acc, w_row, NEXT_N, H)
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
@@ -399,7 +434,9 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
                      num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     FILL_REGS: gl.constexpr, num_warps: gl.constexpr):
+                     FILL_REGS: gl.constexpr, THREAD_RELEASE: gl.constexpr, READY_OFF: gl.constexpr,
+                     EMPTY_OFF: gl.constexpr,
+                     num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -420,7 +457,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     mbarrier.init(split_ready.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=128 if THREAD_RELEASE else 1)  # per thread: the slot's warpgroup
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
@@ -430,10 +467,10 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -444,10 +481,10 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -457,16 +494,16 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -477,16 +514,16 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -508,7 +545,8 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
     return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
-            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "num_warps": 4}
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0,
+            "THREAD_RELEASE": cfg.thread_release, "READY_OFF": 0, "EMPTY_OFF": 0, "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
@@ -675,6 +713,9 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits)
+    if cfg.thread_release:
+        constexprs.update(zip(("READY_OFF", "EMPTY_OFF"), _barrier_offsets_for(next_n, h, d, bs, lens_2d,
+                                                                                clean_logits, cfg)))
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
     with torch.cuda.device(q.device):
@@ -683,6 +724,8 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
                                              max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
                                              *strides, out.stride(0), **constexprs)
     if launch is None:
+        if cfg.thread_release:
+            _check_offsets(compiled.asm["ptx"], (constexprs["READY_OFF"], constexprs["EMPTY_OFF"]))
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
         params = _paged_kernel_ws.arg_names[len(_paged_kernel_ws.arg_names) - len(constexprs):]
@@ -793,14 +836,79 @@ def _multiprocessors(index: int | None) -> int:
     return _device_facts(index or 0)[0]
 
 
+def _barrier_offsets(ttgir: str) -> tuple[int, int]:
+    """Shared-memory offsets of the ``ready`` and ``empty`` barrier arrays: the allocation pass run on a
+    build's TTGIR (the first two [STAGES, 1] i64 allocations, in source order)."""
+    import tempfile
+    from triton._C.libtriton import ir, nvidia, passes
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401  (loads the nvidia dialects)
+    nvidia.load_dialects(ctx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
+        f.write(ttgir)
+        f.flush()
+        mod = ir.parse_mlir_module(f.name, ctx)
+    mod.context = ctx
+    pm = ir.pass_manager(ctx)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, 90, 86)
+    pm.run(mod, "offsets")
+    allocs = re.findall(r"ttg\.local_alloc \{allocation\.offset = (\d+) : i32\} : \(\) -> !ttg\.memdesc<(\d+)x1xi64", str(mod))
+    return int(allocs[0][0]), int(allocs[1][0])
+
+
+@functools.cache
+def _barrier_offsets_for(next_n: int, h: int, d: int, block_size: int, lens_2d: bool, clean: bool,
+                         cfg: GluonPagedConfig) -> tuple[int, int]:
+    """(READY_OFF, EMPTY_OFF) of this build: where the allocator puts the ``ready`` and ``empty`` barrier
+    arrays. They depend on the allocations only (not on the offsets passed in), so one sm_90 build
+    with zeros tells them; the math warpgroups reach those barriers through inline PTX."""
+    k = _compile(next_n, h, d, block_size, lens_2d, clean, cfg, (0, 0))
+    return _barrier_offsets(k.asm["ttgir"])
+
+
+_INIT = re.compile(r"add\.s32\s+(%r\d+), (%r\d+), (\d+);\n(?:\s*//.*\n)*\s*@%p\d+ "
+                   r"mbarrier\.init\.shared::cta\.b64 \[\1\], (\d+);")
+
+
+def _check_offsets(ptx: str, offs: tuple[int, int]) -> None:
+    """Refuse a build whose ``ready[0]`` / ``empty[0]`` barriers are not where its inline PTX waits and
+    arrives: the first ``mbarrier.init`` with count 128 (``empty[0]``) and the one just before it
+    (``ready[0]``), both off ``global_smem``, must sit at (READY_OFF, EMPTY_OFF). A wrong offset would
+    hang the kernel, so it is caught here, before the first launch."""
+    base = re.search(r"mov\.b32\s+(%r\d+), global_smem;", ptx)
+    inits = [(b, int(off), int(count)) for _, b, off, count in _INIT.findall(ptx)]
+    first = next((i for i, x in enumerate(inits) if x[2] == 128), 0)
+    found = [(b, off) for b, off, _ in inits[first - 1:first + 1]] if first else []
+    if base is None or found != [(base.group(1), offs[0]), (base.group(1), offs[1])]:
+        raise RuntimeError(f"paged Gluon kernel (thread_release=1): the ready/empty barriers of this build are "
+                           f"not at the shared offsets its inline PTX uses ({offs}; found {found}); use "
+                           "GluonPagedConfig(thread_release=0)")
+
+
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
                  clean_logits: bool = False, config: GluonPagedConfig | None = None) -> Any:
     """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``)."""
+    cfg = config or GluonPagedConfig()
+    if not cfg.thread_release:
+        return _compile(next_n, h, d, block_size, lens_2d, clean_logits, cfg, (0, 0))
+    offs = _barrier_offsets_for(next_n, h, d, block_size, bool(lens_2d), bool(clean_logits), cfg)
+    k = _compile(next_n, h, d, block_size, lens_2d, clean_logits, cfg, offs)
+    _check_offsets(k.asm["ptx"], offs)
+    return k
+
+
+def _compile(next_n: int, h: int, d: int, block_size: int, lens_2d: bool, clean_logits: bool,
+             cfg: GluonPagedConfig, offs: tuple[int, int]) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    cfg = config or GluonPagedConfig()
     fn = _paged_kernel_ws
     q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
     sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
@@ -812,6 +920,7 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
                  "stride_om"):
         sig[name] = "i32"
     kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
+    kw.update(READY_OFF=offs[0], EMPTY_OFF=offs[1])
     constexprs = {}
     for key, val in kw.items():
         sig[key] = "constexpr"
