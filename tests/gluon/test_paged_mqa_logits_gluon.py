@@ -55,9 +55,11 @@ def test_thread_release_drops_the_tile_loops_barriers_and_checks_its_offsets(nex
     assert len(re.findall(r"mbarrier\.arrive\.release\.cta\.shared::cta\.b64", ptx)) == math_wgs
     facts = sass_facts({**mine.asm, "metadata": mine.metadata})
     assert facts.spill_stores == 0 and facts.spill_loads == 0 and facts.qgmma > 0, facts
-    offs = gp._barrier_offsets_for(next_n, h, 128, 64, True, clean, gp.GluonPagedConfig(math_wgs=math_wgs,
-                                                                                         thread_release=1))
+    offs = gp._barrier_offsets(ptx)
+    assert re.search(rf"add\.s32\s+%r\d+, %r\d+, {offs[0] + 8};", ptx)  # ready[1], and the other slots
     gp._check_offsets(ptx, offs)
+    with pytest.raises(RuntimeError, match="cannot locate the ready/empty barriers"):
+        gp._barrier_offsets(base.asm["ptx"])  # no count-128 barriers: not a thread_release build
     for wrong in ((offs[0] + 8, offs[1]), (offs[0], offs[1] - 8)):
         with pytest.raises(RuntimeError, match="not at the shared offsets its inline PTX uses"):
             gp._check_offsets(ptx, wrong)

@@ -713,19 +713,15 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits)
-    if cfg.thread_release:
-        constexprs.update(zip(("READY_OFF", "EMPTY_OFF"), _barrier_offsets_for(next_n, h, d, bs, lens_2d,
-                                                                                clean_logits, cfg)))
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
+    args = (_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc, context_lens, block_tables, out, b,
+            max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb, *strides, out.stride(0))
     with torch.cuda.device(q.device):
-        compiled = _paged_kernel_ws[(grid,)](_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc,
-                                             context_lens, block_tables, out, b,
-                                             max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
-                                             *strides, out.stride(0), **constexprs)
+        if cfg.thread_release:  # this signature's build (Triton specialises on it) tells its barriers' offsets
+            constexprs = _released(lambda c: _paged_kernel_ws.warmup(*args, grid=(grid,), **c), constexprs)
+        compiled = _paged_kernel_ws[(grid,)](*args, **constexprs)
     if launch is None:
-        if cfg.thread_release:
-            _check_offsets(compiled.asm["ptx"], (constexprs["READY_OFF"], constexprs["EMPTY_OFF"]))
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
         params = _paged_kernel_ws.arg_names[len(_paged_kernel_ws.arg_names) - len(constexprs):]
@@ -836,75 +832,58 @@ def _multiprocessors(index: int | None) -> int:
     return _device_facts(index or 0)[0]
 
 
-def _barrier_offsets(ttgir: str) -> tuple[int, int]:
-    """Shared-memory offsets of the ``ready`` and ``empty`` barrier arrays: the allocation pass run on a
-    build's TTGIR (the first two [STAGES, 1] i64 allocations, in source order)."""
-    import tempfile
-    from triton._C.libtriton import ir, nvidia, passes
-
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401  (loads the nvidia dialects)
-    nvidia.load_dialects(ctx)
-    with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as f:
-        f.write(ttgir)
-        f.flush()
-        mod = ir.parse_mlir_module(f.name, ctx)
-    mod.context = ctx
-    pm = ir.pass_manager(ctx)
-    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
-    passes.ttgpuir.add_allocate_warp_groups(pm)
-    passes.convert.add_scf_to_cf(pm)
-    passes.gluon.add_inliner(pm)
-    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, 90, 86)
-    pm.run(mod, "offsets")
-    allocs = re.findall(r"ttg\.local_alloc \{allocation\.offset = (\d+) : i32\} : \(\) -> !ttg\.memdesc<(\d+)x1xi64", str(mod))
-    return int(allocs[0][0]), int(allocs[1][0])
-
-
-@functools.cache
-def _barrier_offsets_for(next_n: int, h: int, d: int, block_size: int, lens_2d: bool, clean: bool,
-                         cfg: GluonPagedConfig) -> tuple[int, int]:
-    """(READY_OFF, EMPTY_OFF) of this build: where the allocator puts the ``ready`` and ``empty`` barrier
-    arrays. They depend on the allocations only (not on the offsets passed in), so one sm_90 build
-    with zeros tells them; the math warpgroups reach those barriers through inline PTX."""
-    k = _compile(next_n, h, d, block_size, lens_2d, clean, cfg, (0, 0))
-    return _barrier_offsets(k.asm["ttgir"])
-
-
 _INIT = re.compile(r"add\.s32\s+(%r\d+), (%r\d+), (\d+);\n(?:\s*//.*\n)*\s*@%p\d+ "
                    r"mbarrier\.init\.shared::cta\.b64 \[\1\], (\d+);")
 
 
-def _check_offsets(ptx: str, offs: tuple[int, int]) -> None:
-    """Refuse a build whose ``ready[0]`` / ``empty[0]`` barriers are not where its inline PTX waits and
-    arrives: the first ``mbarrier.init`` with count 128 (``empty[0]``) and the one just before it
-    (``ready[0]``), both off ``global_smem``, must sit at (READY_OFF, EMPTY_OFF). A wrong offset would
-    hang the kernel, so it is caught here, before the first launch."""
+def _barrier_offsets(ptx: str) -> tuple[int, int]:
+    """(READY_OFF, EMPTY_OFF) of a ``thread_release`` build, read from its own PTX: ``empty[i]`` are the
+    barriers initialised with count 128, each right after ``ready[i]`` (source order), both off
+    ``global_smem``, 8 bytes apart per slot (checked for two slots). RuntimeError when the PTX does
+    not have that shape: the inline PTX would wait on the wrong word and hang."""
     base = re.search(r"mov\.b32\s+(%r\d+), global_smem;", ptx)
     inits = [(b, int(off), int(count)) for _, b, off, count in _INIT.findall(ptx)]
     first = next((i for i, x in enumerate(inits) if x[2] == 128), 0)
-    found = [(b, off) for b, off, _ in inits[first - 1:first + 1]] if first else []
-    if base is None or found != [(base.group(1), offs[0]), (base.group(1), offs[1])]:
+    pairs = [(inits[i - 1], inits[i]) for i in (first, first + 2) if 0 < i < len(inits)] if first else []
+    if base is None or len(pairs) != 2 or any(
+            r[0] != base.group(1) or e[0] != base.group(1) or (r[2], e[2]) != (1, 128)
+            or (r[1], e[1]) != (pairs[0][0][1] + 8 * k, pairs[0][1][1] + 8 * k) for k, (r, e) in enumerate(pairs)):
+        raise RuntimeError("paged Gluon kernel (thread_release=1): cannot locate the ready/empty barriers in this "
+                           "build's PTX; use GluonPagedConfig(thread_release=0)")
+    return pairs[0][0][1], pairs[0][1][1]
+
+
+def _check_offsets(ptx: str, offs: tuple[int, int]) -> None:
+    """Refuse a build whose barriers are not where its inline PTX waits and arrives (it would hang)."""
+    found = _barrier_offsets(ptx)
+    if found != offs:
         raise RuntimeError(f"paged Gluon kernel (thread_release=1): the ready/empty barriers of this build are "
                            f"not at the shared offsets its inline PTX uses ({offs}; found {found}); use "
                            "GluonPagedConfig(thread_release=0)")
+
+
+def _released(build: Any, constexprs: dict[str, Any]) -> dict[str, Any]:
+    """``constexprs`` with this build's barrier offsets (``thread_release``): ``build(constexprs)`` compiles
+    without running. A build with zero offsets tells where the allocator puts the barriers (the offsets
+    are immediates of the inline PTX, so they do not move any allocation); the build with them is
+    checked before it ever runs."""
+    ready, empty = _barrier_offsets(build({**constexprs, "READY_OFF": 0, "EMPTY_OFF": 0}).asm["ptx"])
+    out = {**constexprs, "READY_OFF": ready, "EMPTY_OFF": empty}
+    _check_offsets(build(out).asm["ptx"], (ready, empty))
+    return out
 
 
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
                  clean_logits: bool = False, config: GluonPagedConfig | None = None) -> Any:
     """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``)."""
     cfg = config or GluonPagedConfig()
-    if not cfg.thread_release:
-        return _compile(next_n, h, d, block_size, lens_2d, clean_logits, cfg, (0, 0))
-    offs = _barrier_offsets_for(next_n, h, d, block_size, bool(lens_2d), bool(clean_logits), cfg)
-    k = _compile(next_n, h, d, block_size, lens_2d, clean_logits, cfg, offs)
-    _check_offsets(k.asm["ptx"], offs)
-    return k
+    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
+    if cfg.thread_release:
+        kw = _released(lambda c: _compile(next_n, h, d, c), kw)
+    return _compile(next_n, h, d, kw)
 
 
-def _compile(next_n: int, h: int, d: int, block_size: int, lens_2d: bool, clean_logits: bool,
-             cfg: GluonPagedConfig, offs: tuple[int, int]) -> Any:
+def _compile(next_n: int, h: int, d: int, kw: dict[str, Any]) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -919,8 +898,6 @@ def _compile(next_n: int, h: int, d: int, block_size: int, lens_2d: bool, clean_
     for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
                  "stride_om"):
         sig[name] = "i32"
-    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
-    kw.update(READY_OFF=offs[0], EMPTY_OFF=offs[1])
     constexprs = {}
     for key, val in kw.items():
         sig[key] = "constexpr"
