@@ -34,42 +34,6 @@ def test_sm90_build_uses_fp8_wgmma_without_spills(next_n, h, clean, lens_2d, mat
     assert facts.shared_bytes <= 227 * 1024, facts  # one CTA per SM: the ring fits
 
 
-@needs_gluon_api
-@pytest.mark.parametrize("next_n,h,clean,math_wgs", [(2, 64, False, 4), (1, 32, True, 2)])
-def test_thread_release_drops_the_tile_loops_barriers_and_checks_its_offsets(next_n, h, clean, math_wgs):
-    """thread_release=1: every math thread waits and arrives itself (inline PTX at the barriers' shared
-    offsets), so the two warpgroup bar.syncs per tile of each math warpgroup are gone; a build whose
-    barriers are not at the offsets its PTX uses is refused (it would hang)."""
-    import re
-
-    from mqa_provider_gluon.aot import sass_facts
-
-    def build(tr: int):
-        cfg = gp.GluonPagedConfig(math_wgs=math_wgs, thread_release=tr)
-        return gp.compile_sm90(next_n=next_n, h=h, clean_logits=clean, config=cfg)
-
-    base, mine = build(0), build(1)
-    bars = [len(re.findall(r"\bbar\.sync\b", k.asm["ptx"])) for k in (base, mine)]
-    assert bars[0] - bars[1] == 2 * math_wgs, bars  # one before each wait and each arrive, per warpgroup
-    ptx = mine.asm["ptx"]
-    assert len(re.findall(r"mbarrier\.arrive\.release\.cta\.shared::cta\.b64", ptx)) == math_wgs
-    facts = sass_facts({**mine.asm, "metadata": mine.metadata})
-    assert facts.spill_stores == 0 and facts.spill_loads == 0 and facts.qgmma > 0, facts
-    offs = gp._barrier_offsets(ptx)
-    assert re.search(rf"add\.s32\s+%r\d+, %r\d+, {offs[0] + 8};", ptx)  # ready[1], and the other slots
-    gp._check_offsets(ptx, offs)
-    with pytest.raises(RuntimeError, match="cannot locate the ready/empty barriers"):
-        gp._barrier_offsets(base.asm["ptx"])  # no count-128 barriers: not a thread_release build
-    for wrong in ((offs[0] + 8, offs[1]), (offs[0], offs[1] - 8)):
-        with pytest.raises(RuntimeError, match="not at the shared offsets its inline PTX uses"):
-            gp._check_offsets(ptx, wrong)
-
-
-def test_thread_release_is_zero_or_one():
-    with pytest.raises(ValueError, match="thread_release must be 0 or 1"):
-        gp.GluonPagedConfig(thread_release=2)
-
-
 def _tma_destination_offsets(ptx: str) -> list[int]:
     """The buffer offsets (immediates >= 1024 added on the way) of every TMA copy's shared-memory
     destination, traced back through the PTX's integer arithmetic."""
@@ -182,8 +146,7 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
-               gp.GluonPagedConfig(thread_release=1), None)
+    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from typing import Any
 
 import torch
@@ -69,15 +68,8 @@ class GluonPagedConfig:
     math_regs: int | None = None
     loader_regs: int | None = None
     fill_regs: int | None = None
-    #: 1: each math thread waits for its ring slot and releases it itself (inline PTX; the slot's
-    #: ``empty`` barrier counts 128 arrivals), so the tile loop has no warpgroup ``bar.sync``; 0: one
-    #: thread per warpgroup, through Gluon's mbarrier ops, after a warpgroup barrier (triton 3.6's
-    #: shared-memory analysis puts one before each wait and each arrive).
-    thread_release: int = 0
 
     def __post_init__(self) -> None:
-        if self.thread_release not in (0, 1):
-            raise ValueError(f"GluonPagedConfig.thread_release must be 0 or 1, got {self.thread_release}")
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
@@ -308,25 +300,6 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
 
 
 @_jit
-def _smem_wait(off, phase):
-    """Every thread: wait on the mbarrier at shared offset ``off`` (bytes past ``global_smem``) for the
-    phase of parity ``phase``. Inline PTX, so the membar pass sees no WaitBarrierOp (no bar.sync)."""
-    return gl.inline_asm_elementwise(
-        "{\n.reg .pred p;\n.reg .b32 a;\nmov.u32 a, global_smem;\nadd.u32 a, a, $1;\n"
-        "waitLoop:\nmbarrier.try_wait.parity.shared::cta.b64 p, [a], $2;\n@!p bra.uni waitLoop;\nmov.u32 $0, 0;\n}",
-        "=r,r,r", [off, phase], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _smem_arrive(off):
-    """Every thread: arrive (release, CTA scope) on the mbarrier at shared offset ``off``."""
-    return gl.inline_asm_elementwise(
-        "{\n.reg .b32 a;\nmov.u32 a, global_smem;\nadd.u32 a, a, $1;\n"
-        "mbarrier.arrive.release.cta.shared::cta.b64 _, [a];\nmov.u32 $0, 0;\n}",
-        "=r,r", [off], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
 def _row_lens(cl_ptr, v, offs_j, ok, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
     """[next_n] positions each query row of sequence ``v`` sees, in [0, covered] (0 where not ``ok``)."""
     row = cl_ptr + v.to(gl.int64) * stride_clb
@@ -348,8 +321,7 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, cl_ptr, out_ptr,
           num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, THREAD_RELEASE: gl.constexpr, READY_OFF: gl.constexpr,
-          EMPTY_OFF: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -363,7 +335,6 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
-    one_per_thread = gl.zeros([128], gl.int32, idl)  # the inline PTX runs once in each thread
     if WG == 0:
         _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
                  CLEAN)
@@ -387,19 +358,13 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         n_t = gl.maximum(t_hi - t_lo, 0)
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s = (g + i) % STAGES
-            if THREAD_RELEASE:
-                _smem_wait(one_per_thread + (READY_OFF + 8 * s), one_per_thread + (((g + i) // STAGES) & 1))
-            else:
-                mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+            mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
             sc = gl.expand_dims(sc_smem.index(s)._reinterpret(gl.float32, [64], flat).load(slay), 1)  # during the wgmma
             blk = gl.max(ids.index(s).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            if THREAD_RELEASE:
-                _smem_arrive(one_per_thread + (EMPTY_OFF + 8 * s))  # every thread: its reads of the slot are done
-            else:
-                mbarrier.arrive(empty.index(s), count=1)
+            mbarrier.arrive(empty.index(s), count=1)
             r = _head_sum(acc, w_row, NEXT_N, H)
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
@@ -434,9 +399,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
                      num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     FILL_REGS: gl.constexpr, THREAD_RELEASE: gl.constexpr, READY_OFF: gl.constexpr,
-                     EMPTY_OFF: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     FILL_REGS: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -457,7 +420,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
     mbarrier.init(split_ready.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=128 if THREAD_RELEASE else 1)  # per thread: the slot's warpgroup
+        mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
@@ -467,10 +430,10 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -481,10 +444,10 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -494,16 +457,16 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -514,16 +477,16 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, THREAD_RELEASE, READY_OFF, EMPTY_OFF)),
+                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
                            stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
@@ -545,8 +508,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
     return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
-            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0,
-            "THREAD_RELEASE": cfg.thread_release, "READY_OFF": 0, "EMPTY_OFF": 0, "num_warps": 4}
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
@@ -715,12 +677,11 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits)
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
-    args = (_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc, context_lens, block_tables, out, b,
-            max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb, *strides, out.stride(0))
     with torch.cuda.device(q.device):
-        if cfg.thread_release:  # this signature's build (Triton specialises on it) tells its barriers' offsets
-            constexprs = _released(lambda c: _paged_kernel_ws.warmup(*args, grid=(grid,), **c), constexprs)
-        compiled = _paged_kernel_ws[(grid,)](*args, **constexprs)
+        compiled = _paged_kernel_ws[(grid,)](_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc,
+                                             context_lens, block_tables, out, b,
+                                             max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
+                                             *strides, out.stride(0), **constexprs)
     if launch is None:
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
@@ -832,62 +793,14 @@ def _multiprocessors(index: int | None) -> int:
     return _device_facts(index or 0)[0]
 
 
-_INIT = re.compile(r"add\.s32\s+(%r\d+), (%r\d+), (\d+);\n(?:\s*//.*\n)*\s*@%p\d+ "
-                   r"mbarrier\.init\.shared::cta\.b64 \[\1\], (\d+);")
-
-
-def _barrier_offsets(ptx: str) -> tuple[int, int]:
-    """(READY_OFF, EMPTY_OFF) of a ``thread_release`` build, read from its own PTX: ``empty[i]`` are the
-    barriers initialised with count 128, each right after ``ready[i]`` (source order), both off
-    ``global_smem``, 8 bytes apart per slot (checked for two slots). RuntimeError when the PTX does
-    not have that shape: the inline PTX would wait on the wrong word and hang."""
-    base = re.search(r"mov\.b32\s+(%r\d+), global_smem;", ptx)
-    inits = [(b, int(off), int(count)) for _, b, off, count in _INIT.findall(ptx)]
-    first = next((i for i, x in enumerate(inits) if x[2] == 128), 0)
-    pairs = [(inits[i - 1], inits[i]) for i in (first, first + 2) if 0 < i < len(inits)] if first else []
-    if base is None or len(pairs) != 2 or any(
-            r[0] != base.group(1) or e[0] != base.group(1) or (r[2], e[2]) != (1, 128)
-            or (r[1], e[1]) != (pairs[0][0][1] + 8 * k, pairs[0][1][1] + 8 * k) for k, (r, e) in enumerate(pairs)):
-        raise RuntimeError("paged Gluon kernel (thread_release=1): cannot locate the ready/empty barriers in this "
-                           "build's PTX; use GluonPagedConfig(thread_release=0)")
-    return pairs[0][0][1], pairs[0][1][1]
-
-
-def _check_offsets(ptx: str, offs: tuple[int, int]) -> None:
-    """Refuse a build whose barriers are not where its inline PTX waits and arrives (it would hang)."""
-    found = _barrier_offsets(ptx)
-    if found != offs:
-        raise RuntimeError(f"paged Gluon kernel (thread_release=1): the ready/empty barriers of this build are "
-                           f"not at the shared offsets its inline PTX uses ({offs}; found {found}); use "
-                           "GluonPagedConfig(thread_release=0)")
-
-
-def _released(build: Any, constexprs: dict[str, Any]) -> dict[str, Any]:
-    """``constexprs`` with this build's barrier offsets (``thread_release``): ``build(constexprs)`` compiles
-    without running. A build with zero offsets tells where the allocator puts the barriers (the offsets
-    are immediates of the inline PTX, so they do not move any allocation); the build with them is
-    checked before it ever runs."""
-    ready, empty = _barrier_offsets(build({**constexprs, "READY_OFF": 0, "EMPTY_OFF": 0}).asm["ptx"])
-    out = {**constexprs, "READY_OFF": ready, "EMPTY_OFF": empty}
-    _check_offsets(build(out).asm["ptx"], (ready, empty))
-    return out
-
-
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
                  clean_logits: bool = False, config: GluonPagedConfig | None = None) -> Any:
     """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``)."""
-    cfg = config or GluonPagedConfig()
-    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
-    if cfg.thread_release:
-        kw = _released(lambda c: _compile(next_n, h, d, c), kw)
-    return _compile(next_n, h, d, kw)
-
-
-def _compile(next_n: int, h: int, d: int, kw: dict[str, Any]) -> Any:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    cfg = config or GluonPagedConfig()
     fn = _paged_kernel_ws
     q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
     sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
@@ -898,6 +811,7 @@ def _compile(next_n: int, h: int, d: int, kw: dict[str, Any]) -> Any:
     for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
                  "stride_om"):
         sig[name] = "i32"
+    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
     constexprs = {}
     for key, val in kw.items():
         sig[key] = "constexpr"
