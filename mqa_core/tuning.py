@@ -83,8 +83,9 @@ def bucket_range(index: int) -> tuple[int, int]:
 
 
 def cell_index(x: int) -> int:
-    """The finest range of ``x``: its power-of-two range, halved at 1.5x its start where it is at least
-    [2, 4): 0 -> [0, 1), 2 -> [1, 2), 4 -> [2, 3), 5 -> [3, 4), 6 -> [4, 6), 7 -> [6, 8)..."""
+    """The finest range (cell) of ``x``: its power-of-two range, halved at 1.5x its start from [2, 4) on.
+    x -> :func:`cell_range`: 0 -> [0, 1), 1 -> [1, 2), 2 -> [2, 3), 3 -> [3, 4), 4..5 -> [4, 6), 6..7 ->
+    [6, 8), 8..11 -> [8, 12)... Cells are numbered 2 x the power-of-two index, + 1 for an upper half."""
     b = x.bit_length()
     return 2 * b + ((x >> (b - 2)) & 1 if b >= 2 else 0)
 
@@ -265,15 +266,15 @@ def _pct(x: float) -> str:
 def _merge_next_n(entries: Sequence[Entry]) -> Entry:
     """One entry for a decode bucket over every next_n: geomean time of providers timed in all of them."""
     first = entries[0].bucket
-    m = min((e.bucket.m for e in entries), key=lambda r: r[1] - r[0])  # the cell's finest ranges
-    n = min((e.bucket.n for e in entries), key=lambda r: r[1] - r[0])
+    m_range = min((e.bucket.m for e in entries), key=lambda r: r[1] - r[0])  # the cell's finest ranges
+    n_range = min((e.bucket.n for e in entries), key=lambda r: r[1] - r[0])
     names = sorted({n for e in entries for n in e.times_ms})
     times: dict[str, float | None] = {}
     for name in names:
         ts = [t for e in entries if (t := e.times_ms.get(name)) is not None]
         times[name] = math.exp(sum(math.log(t) for t in ts) / len(ts)) if len(ts) == len(entries) else None
     shapes = tuple(s for e in entries for s in e.shapes)
-    return Entry(Bucket(first.op, first.h, first.d, m, n, None), times, {}, shapes)
+    return Entry(Bucket(first.op, first.h, first.d, m_range, n_range, None), times, {}, shapes)
 
 
 # -- the stamp ------------------------------------------------------------------------------------

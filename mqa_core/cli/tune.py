@@ -153,7 +153,7 @@ TOP_OF_BUCKET = 1.75
 
 def corners(m: int, n: int, h: int, kind: str) -> list[TuneShape]:
     """A prefill bucket's shapes: (M, N), (M, top N), (top M, top N), and (top M, N) where the window
-    allows M > N (full windows only: the last M of N tokens needs M <= N)."""
+    allows it (full windows always; others, the last M of N tokens, only when top M <= N)."""
     top_m, top_n = int(m * TOP_OF_BUCKET), int(n * TOP_OF_BUCKET)
     sizes = [(m, n), (m, top_n), (top_m, top_n)] + ([(top_m, n)] if kind == "full" or top_m <= n else [])
     return [TuneShape.prefill(a, b, h, 128, kind) for a, b in sizes]
