@@ -150,15 +150,25 @@ def triton_impls(names: list[str]) -> dict[str, Impl]:
 
 
 def gluon_impls(names: list[str]) -> dict[str, Impl]:
-    """The warp-specialised Gluon kernel, per ``GluonPagedConfig`` (``ws``, with +field=INT edits)."""
+    """The warp-specialised Gluon kernel, per ``GluonPagedConfig`` (``ws``, with +field=INT edits; the
+    edit ``+schedule=1`` passes a split computed once per shape by compat's
+    ``get_paged_mqa_logits_metadata``, outside the timed calls as DeepGEMM's)."""
+    from mqa_core.compat.deep_gemm import get_paged_mqa_logits_metadata
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig, fp8_paged_mqa_logits_gluon
 
-    def make(cfg: Any) -> Impl:
+    def make(cfg: Any, scheduled: bool) -> Impl:
         def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
-            return lambda c, t: fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, clean, config=cfg)
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            s = get_paged_mqa_logits_metadata(lens, BLOCK, sms) if scheduled else None
+            return lambda c, t: fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, clean, config=cfg, schedule=s)
         return bind
 
-    return {f"gluon:{name}": make(variant_config(name, {"ws": GluonPagedConfig()})) for name in names}
+    def split(name: str) -> tuple[str, bool]:
+        base, *edits = name.split("+")
+        return "+".join([base, *(e for e in edits if e != "schedule=1")]), "schedule=1" in edits
+
+    return {f"gluon:{name}": make(variant_config(split(name)[0], {"ws": GluonPagedConfig()}), split(name)[1])
+            for name in names}
 
 
 def variant_config(name: str, variants: dict[str, Any]) -> Any:

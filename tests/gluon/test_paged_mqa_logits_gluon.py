@@ -146,10 +146,38 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12), None)
+    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
+               gp.GluonPagedConfig(prefetch=1, sched=256), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("batch,next_n,h,ctx,lens_kind", [(6, 2, 64, 3000, "any"), (300, 1, 32, 500, "1d"),
+                                                          (40, 2, 32, 4100, "2d"), (1, 1, 64, 40, "1d")])
+@pytest.mark.parametrize("clean", [True, False])
+def test_gpu_reads_a_precomputed_schedule(poisoned, batch, next_n, h, ctx, lens_kind, clean):
+    """A split computed once (compat's metadata, as an engine computes it per step) and read by every
+    program instead of worked out: exact for the lengths it came from, and still every tile for a
+    table from other lengths (longer, shorter, all zero), by the owner-of-the-end rule."""
+    from mqa_core.compat.deep_gemm import get_paged_mqa_logits_metadata
+
+    inp = make_paged_inputs(batch, next_n, h, 128, ctx, lens_2d=lens_kind == "2d", seed=batch + 7)
+    lens = _arbitrary_lens(batch, next_n, ctx, seed=ctx) if lens_kind == "any" else inp.context_lens.clone()
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, inp.block_tables, ctx)
+    args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), inp.block_tables.cuda(), ctx)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    stale = [lens, (lens // 3), (lens * 2 + 70), torch.zeros_like(lens), lens.flip(0)]
+    for other in stale:
+        schedule = get_paged_mqa_logits_metadata(other.cuda(), 64, sms)
+        for config in (None, gp.GluonPagedConfig(prefetch=1)):
+            check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config, schedule=schedule), ref, clean)
+    with pytest.raises(ValueError, match="rows"):
+        gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=get_paged_mqa_logits_metadata(args[3], 64, sms - 1))
+    with pytest.raises(ValueError, match="int32"):
+        gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=schedule.long())
 
 
 @pytest.mark.cuda

@@ -68,10 +68,17 @@ class GluonPagedConfig:
     math_regs: int | None = None
     loader_regs: int | None = None
     fill_regs: int | None = None
+    #: 1: the loader prefetches the four TMA descriptors as it starts (before the split is known), so
+    #: the first copies do not wait for their descriptors.
+    prefetch: int = 0
+    #: Sequences the split reads per step (SCHED / 32 per lane): 128 or 256.
+    sched: int = SCHED
 
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
+        if self.sched not in (128, 256):
+            raise ValueError(f"GluonPagedConfig.sched must be 128 or 256, got {self.sched}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -90,7 +97,6 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from .mqa_logits_gluon_sm90 import mma_layout
 
     _jit = gluon.jit
-    SCHED_N = gl.constexpr(SCHED)
     _jit_sizes = gluon.jit(do_not_specialize=["num_seqs", "max_ctx", "covered", "num_blocks"])
 except Exception:  # pragma: no cover - depends on the installed triton
 
@@ -168,7 +174,7 @@ def _items(cl_ptr, v, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: 
 
 @_jit
 def _split(cl_ptr, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr,
-           FILL: gl.constexpr):
+           FILL: gl.constexpr, SCHED_N: gl.constexpr):
     """This CTA's even share of the batch's items (:func:`_items`) as ``(va, ta, vb, tb, v_end, n_va)``:
     (sequence, item) of its first and of its last item, the end of its sequence range and the item count
     of sequence ``va``. Worked out in registers by a 4-warp partition: every warp holds all SCHED
@@ -202,7 +208,7 @@ def _split(cl_ptr, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: gl.
 
 @_jit
 def _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N: gl.constexpr,
-             LENS_2D: gl.constexpr, CLEAN: gl.constexpr):
+             LENS_2D: gl.constexpr, CLEAN: gl.constexpr, SCHED_N: gl.constexpr, PRESPLIT: gl.constexpr):
     """The default math warpgroup's first job: this CTA's split of the batch's tiles (``split[0:6]``) and,
     with CLEAN, of the -inf tails (``split[6:11]``), for the loader, the other math warpgroups and the
     filler; the arrive on ``split_ready`` releases the stores before it. (Not in each partition: with
@@ -210,13 +216,14 @@ def _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb,
     H = 64 hold its results in spilled registers; AOT sm_90 builds.)"""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     one = gl.zeros([1], gl.int32, lay)
-    va, ta, vb, tb, v_end, n_va = _split(cl_ptr, num_seqs, covered, 0, stride_clb, stride_clj, NEXT_N, LENS_2D,
-                                         False)
-    _put_range(split, 0, va, ta, vb, tb, v_end, lay)
-    split.index(5).store(one + n_va)
+    if not PRESPLIT:
+        va, ta, vb, tb, v_end, n_va = _split(cl_ptr, num_seqs, covered, 0, stride_clb, stride_clj, NEXT_N, LENS_2D,
+                                             False, SCHED_N)
+        _put_range(split, 0, va, ta, vb, tb, v_end, lay)
+        split.index(5).store(one + n_va)
     if CLEAN:
         fa, fta, fb, ftb, fv_end, _ = _split(cl_ptr, num_seqs, covered, gl.cdiv(max_ctx, 64), stride_clb, stride_clj,
-                                             NEXT_N, LENS_2D, True)
+                                             NEXT_N, LENS_2D, True, SCHED_N)
         _put_range(split, 6, fa, fta, fb, ftb, fv_end, lay)
     mbarrier.arrive(split_ready.index(0), count=1)
 
@@ -247,15 +254,64 @@ def _get_range(split, split_ready, at: gl.constexpr, lay: gl.constexpr):
 
 
 @_jit
+def _table_range(sched_ptr, num_seqs):
+    """This CTA's range from a precomputed split (``sched_ptr``: [programs + 1, 2] int32, row i where
+    program i starts as (sequence, tile), as ``mqa_core.compat.deep_gemm.get_paged_mqa_logits_metadata``
+    writes it) as :func:`_get_range` returns the published one. The first program starts at (0, 0) and
+    the last ends at (B, 0) whatever the table says, and a program that owns the end of a sequence
+    computes every tile the lengths give it (the callers clip the last sequence's ``tb + 1`` to its
+    tiles): a table from older lengths still covers every tile."""
+    pid = gl.program_id(0)
+    last = pid + 1 == gl.num_programs(0)
+    row = sched_ptr + pid * 2
+    va = gl.minimum(gl.maximum(gl.load(row, mask=pid > 0, other=0), 0), num_seqs)
+    ta = gl.maximum(gl.load(row + 1, mask=pid > 0, other=0), 0)
+    ve = gl.minimum(gl.maximum(gl.load(row + 2, mask=not last, other=num_seqs), 0), num_seqs)
+    te = gl.where(ve < num_seqs, gl.maximum(gl.load(row + 3, mask=not last, other=0), 0), 0)
+    has = (ve > va) | ((ve == va) & (te > ta))
+    return va, ta, gl.where(te > 0, ve, -1), te - 1, gl.where(has, ve + (te > 0).to(gl.int32), va)
+
+
+@_jit
+def _range(split, split_ready, sched_ptr, num_seqs, lay: gl.constexpr, PRESPLIT: gl.constexpr):
+    """``(va, ta, vb, tb, v_end)``: this CTA's tiles, from the table or as published."""
+    if PRESPLIT:
+        r = _table_range(sched_ptr, num_seqs)
+    else:
+        r = _get_range(split, split_ready, 0, lay)
+    return r
+
+
+@_jit
+def _prefetch_descriptors():
+    """``prefetch.tensormap`` of the kernel's four descriptor parameters (q, weights, values, scales:
+    parameters 0, 5, 10 and 17 of ``_paged_kernel_ws``, checked on its PTX by tests/gluon)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    gl.inline_asm_elementwise(
+        "{\n\t.reg .b64 a;\n\t"
+        "mov.b64 a, _paged_kernel_ws_param_0;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
+        "mov.b64 a, _paged_kernel_ws_param_5;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
+        "mov.b64 a, _paged_kernel_ws_param_10;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
+        "mov.b64 a, _paged_kernel_ws_param_17;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
+        "mov.u32 $0, 0;\n\t}", "=r,r", [gl.zeros([1], gl.int32, lay)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-            split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj, stride_btb,
-            NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr):
+            split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
+            NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
+            PREFETCH: gl.constexpr, PRESPLIT: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    va, ta, vb, tb, v_end = _get_range(split, split_ready, 0, lay)
-    n_va = _split_at(split, 5, lay)
+    if PREFETCH:
+        _prefetch_descriptors()
+    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT)
+    if PRESPLIT:
+        n_va = gl.cdiv(_seq_hi(cl_ptr, va, va < num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
+    else:
+        n_va = _split_at(split, 5, lay)
     lane = gl.arange(0, 32, layout=lay)
     g = 0
     qn = 0
@@ -266,7 +322,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                     mask=(ta + lane) * 64 < covered, other=0)
     for v in range(va, v_end):
         t_lo = gl.where(v == va, ta, 0)
-        t_hi = gl.where(v == vb, tb + 1, tiles)
+        t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
         nv = v + 1
         more = nv < v_end
         tiles = gl.cdiv(_seq_hi(cl_ptr, nv, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
@@ -318,10 +374,10 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, cl_ptr, out_ptr,
-          num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
+def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
+          out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr, CLEAN: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, SCHED_N: gl.constexpr, PRESPLIT: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -336,9 +392,10 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
     if WG == 0:
-        _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
-                 CLEAN)
-    va, ta, vb, tb, v_end = _get_range(split, split_ready, 0, idl)
+        if CLEAN or not PRESPLIT:
+            _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
+                     CLEAN, SCHED_N, PRESPLIT)
+    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT)
     g = 0
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
@@ -347,7 +404,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         more = v + 1 < v_end  # the next sequence's lengths, requested now
         lens_n = _row_lens(cl_ptr, v + 1, offs_j, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
         t_lo = gl.where(v == va, ta, 0)
-        t_hi = gl.where(v == vb, tb + 1, gl.cdiv(gl.max(lens, 0), 64))
+        tiles = gl.cdiv(gl.max(lens, 0), 64)
+        t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
         rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
         lens2 = gl.expand_dims(lens, 0)
         qs = qn % 2
@@ -395,11 +453,12 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
 
 
 @_jit_sizes
-def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, num_seqs, max_ctx, covered,
-                     num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
+def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr, out_ptr, num_seqs, max_ctx,
+                     covered, num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     FILL_REGS: gl.constexpr, num_warps: gl.constexpr):
+                     FILL_REGS: gl.constexpr, SCHED_N: gl.constexpr, PREFETCH: gl.constexpr,
+                     PRESPLIT: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -429,67 +488,67 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, out_ptr, 
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
-                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
-                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
-                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 0,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 1,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 2,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, 3,
-                          NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, cl_ptr, bt_ptr, covered, stride_clb, stride_clj,
-                           stride_btb, NEXT_N, H, BS, STAGES, LENS_2D)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -503,12 +562,13 @@ def _layouts(d: int, nq: int) -> tuple[Any, Any, Any]:
 
 
 def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, lens_2d: bool,
-                clean: bool) -> dict[str, Any]:
+                clean: bool, presplit: bool = False) -> dict[str, Any]:
     two = cfg.math_wgs == 2
     return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
-            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "num_warps": 4}
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "SCHED_N": cfg.sched,
+            "PREFETCH": bool(cfg.prefetch), "PRESPLIT": bool(presplit), "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
@@ -592,12 +652,12 @@ _LAUNCHES_MAX = 256
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
                tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None,
-               ptrs: tuple[int, ...]) -> tuple[Any, ...]:
+               ptrs: tuple[int, ...], presplit: bool = False) -> tuple[Any, ...]:
     """What the compiled kernel and its launch depend on: device, dtypes, sizes but B and the pool's
     block count, every stride (Triton specialises the stride arguments), the five pointers' 16-byte
     residues (``ptrs``: q, pool, weights, lengths, tables), the clean mode and the config."""
     return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(), weights.stride(),
-            weights.dtype, lens.dtype, lens.dim(), lens.stride(), tables.dtype, tables.stride(), clean, cfg,
+            weights.dtype, lens.dtype, lens.dim(), lens.stride(), tables.dtype, tables.stride(), clean, cfg, presplit,
             (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 and residues(ptrs))
 
 
@@ -615,10 +675,11 @@ def _tail(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torc
 
 
 def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, ptrs: tuple[int, ...],
-         size: tuple[int, int], index: int | None, tail: tuple[Any, ...]) -> torch.Tensor:
+         size: tuple[int, int], index: int | None, tail: tuple[Any, ...], sched: int = 0) -> torch.Tensor:
     """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
     the output (``size``), hand the pointers (``ptrs``, as :func:`_ptrs`), the cached descriptor
-    encodings and ``tail`` (:func:`_tail`) to the bound launcher."""
+    encodings and ``tail`` (:func:`_tail`) to the bound launcher; ``sched``: the schedule table's
+    address (0: none, the lengths' address goes in its place)."""
     out = _new_output(size[0], size[1], weights)
     bound = launch.bound
     b, nb = tail[0], tail[3]
@@ -626,7 +687,8 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     q_desc = bound.descriptor((0, ptrs[0], b), lambda: _q_descriptor(q))
     w_desc = bound.descriptor((1, ptrs[2], b), lambda: _w_descriptor(weights, q.shape[1]))
     kv_descs = bound.descriptors((2, ptrs[1], nb), lambda: _kv_descriptors(kv_cache, q.dtype))
-    _launch_on(bound, launch.grid, index, (*q_desc, *w_desc, *kv_descs, ptrs[3], ptrs[4], out.data_ptr(), *tail))
+    _launch_on(bound, launch.grid, index, (*q_desc, *w_desc, *kv_descs, ptrs[3], ptrs[4], sched or ptrs[3],
+                                           out.data_ptr(), *tail))
     return out
 
 
@@ -640,27 +702,50 @@ def _new_output(m: int, n: int, weights: torch.Tensor) -> torch.Tensor:
 
 def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
-                               clean_logits: bool = True, *, config: GluonPagedConfig | None = None) -> torch.Tensor:
+                               clean_logits: bool = True, *, config: GluonPagedConfig | None = None,
+                               schedule: torch.Tensor | None = None) -> torch.Tensor:
     """The paged op (contract of ``fp8_paged_mqa_logits_triton``) on this kernel: ``[B * next_n,
     max_context_len]`` float32, rows padded to 16 floats. Raises ValueError with :func:`unsupported`'s
     reason outside its scope. The first call of a signature compiles and binds the launch; later ones
-    allocate the output and launch (descriptors encoded once per pointer and size)."""
+    allocate the output and launch (descriptors encoded once per pointer and size). ``schedule``: a
+    precomputed split (:func:`schedule_unsupported` says what it must be), read instead of worked out."""
     clean_logits = bool(clean_logits)
+    if schedule is not None:
+        reason = schedule_unsupported(schedule, q.device)
+        if reason:
+            raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs,
+                     schedule is not None)
     return _call(_LAUNCHES.get(key), key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                 clean_logits, config)
+                 clean_logits, config, schedule)
+
+
+def schedule_unsupported(schedule: torch.Tensor, device: torch.device) -> str | None:
+    """None when ``schedule`` is a split this kernel reads: int32 [programs + 1, 2], contiguous, on the
+    call's device, one program per multiprocessor (the grid)."""
+    want = _multiprocessors(device.index) + 1
+    if schedule.dtype != torch.int32 or schedule.dim() != 2 or schedule.shape[1] != 2 or not schedule.is_contiguous():
+        return f"the schedule must be contiguous int32 [{want}, 2]; got {schedule.dtype} {list(schedule.shape)}"
+    if schedule.device != device:
+        return f"the schedule is on {schedule.device}, the call on {device}"
+    if schedule.shape[0] != want:
+        return (f"the schedule has {schedule.shape[0]} rows; this kernel runs one program per multiprocessor "
+                f"and needs {want} (num_sms = {want - 1})")
+    return None
 
 
 def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q: torch.Tensor,
           kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
-          max_context_len: int, clean_logits: bool, config: GluonPagedConfig | None) -> torch.Tensor:
+          max_context_len: int, clean_logits: bool, config: GluonPagedConfig | None,
+          schedule: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`fp8_paged_mqa_logits_gluon` once its signature ``key`` (with ``launch``, what
     ``_LAUNCHES`` holds for it) is known: the bound launch, or the checks, Triton's launch and binding."""
     if launch is not None and launch.bound and not hooks_active() and q.shape[0] and max_context_len \
             and kv_cache.shape[0]:
         return _run(launch, q, kv_cache, weights, ptrs, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
-                    _tail(launch, q, kv_cache, block_tables, max_context_len))
+                    _tail(launch, q, kv_cache, block_tables, max_context_len),
+                    0 if schedule is None else schedule.data_ptr())
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
@@ -674,12 +759,13 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     cfg = config or GluonPagedConfig()
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
-    constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits)
+    constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
     with torch.cuda.device(q.device):
         compiled = _paged_kernel_ws[(grid,)](_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc,
-                                             context_lens, block_tables, out, b,
+                                             context_lens, block_tables,
+                                             context_lens if schedule is None else schedule, out, b,
                                              max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
                                              *strides, out.stride(0), **constexprs)
     if launch is None:
@@ -794,8 +880,9 @@ def _multiprocessors(index: int | None) -> int:
 
 
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
-                 clean_logits: bool = False, config: GluonPagedConfig | None = None) -> Any:
-    """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``)."""
+                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: bool = False) -> Any:
+    """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``).
+    ``presplit``: the build that reads a precomputed schedule."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -807,11 +894,11 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
            "w_desc": f"tensordesc<fp32[{next_n}, {h}],{sc_lay!r}>",
            "kv_desc": f"tensordesc<fp8e4nv[1, {TILE}, {d}],{kv_lay!r}>",
            "sc_desc": f"tensordesc<fp32[1, {TILE}],{sc_lay!r}>",
-           "cl_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32"}
+           "cl_ptr": "*i32", "bt_ptr": "*i32", "sched_ptr": "*i32", "out_ptr": "*fp32"}
     for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
                  "stride_om"):
         sig[name] = "i32"
-    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits)
+    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits, presplit)
     constexprs = {}
     for key, val in kw.items():
         sig[key] = "constexpr"
