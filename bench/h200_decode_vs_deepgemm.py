@@ -153,8 +153,9 @@ def gluon_impls(names: list[str]) -> dict[str, Impl]:
     """The warp-specialised Gluon kernel, per ``GluonPagedConfig`` (``ws``, with +field=INT edits; the
     edit ``+schedule=1`` passes a split computed once per shape by compat's
     ``get_paged_mqa_logits_metadata``, outside the timed calls as DeepGEMM's)."""
-    from mqa_core.compat.deep_gemm import get_paged_mqa_logits_metadata
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig, fp8_paged_mqa_logits_gluon
+
+    from mqa_core.compat.deep_gemm import get_paged_mqa_logits_metadata
 
     def make(cfg: Any, scheduled: bool) -> Impl:
         def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:

@@ -73,6 +73,9 @@ class GluonPagedConfig:
     prefetch: int = 0
     #: Sequences the split reads per step (SCHED / 32 per lane): 128 or 256.
     sched: int = SCHED
+    #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
+    #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
+    trace: int = 0
 
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
@@ -282,6 +285,31 @@ def _range(split, split_ready, sched_ptr, num_seqs, lay: gl.constexpr, PRESPLIT:
     return r
 
 
+#: What a ``trace=1`` build stamps, by column of the trace buffer (clock64 cycles of the SM, but the
+#: %globaltimer nanoseconds of 0 and 11, and the tile count of 12).
+TRACE_EVENTS = ("start ns", "start", "split published", "loader has range", "first copy issued",
+                "last copy issued", "wg0 first tile ready", "wg0 done", "wg1 done", "wg2 done", "wg3 done", "end ns",
+                "tiles", "loader start")
+
+
+@_jit
+def _stamp(trace_ptr, idx: gl.constexpr, lay: gl.constexpr, NS: gl.constexpr):
+    """A ``trace=1`` build's stamp: clock64 (or with NS %globaltimer) into trace[program, idx]."""
+    z = gl.zeros([1], gl.int32, lay)
+    if NS:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [z], dtype=gl.int64, is_pure=False,
+                                      pack=1)
+    else:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [z], dtype=gl.int64, is_pure=False, pack=1)
+    _put_trace(trace_ptr, idx, t, lay)
+
+
+@_jit
+def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
+    ptr = trace_ptr.to(gl.pointer_type(gl.int64), bitcast=True) + gl.program_id(0) * 16 + idx
+    gl.store(ptr + gl.zeros([1], gl.int32, lay), value)
+
+
 @_jit
 def _prefetch_descriptors():
     """``prefetch.tensormap`` of the kernel's four descriptor parameters (q, weights, values, scales:
@@ -300,14 +328,18 @@ def _prefetch_descriptors():
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PREFETCH: gl.constexpr, PRESPLIT: gl.constexpr):
+            PREFETCH: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    if TRACE:
+        _stamp(sched_ptr, 13, lay, False)
     if PREFETCH:
         _prefetch_descriptors()
-    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT)
+    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE)
+    if TRACE:
+        _stamp(sched_ptr, 3, lay, False)
     if PRESPLIT:
         n_va = gl.cdiv(_seq_hi(cl_ptr, va, va < num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
     else:
@@ -351,8 +383,14 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                 box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
                 tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
                 tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
+                if TRACE:
+                    if g == 0:
+                        _stamp(sched_ptr, 4, lay, False)
                 g += 1
             blk_ids = nxt
+    if TRACE:
+        _stamp(sched_ptr, 5, lay, False)
+        _put_trace(sched_ptr, 12, gl.zeros([1], gl.int64, lay) + g, lay)
 
 
 @_jit
@@ -377,7 +415,8 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, SCHED_N: gl.constexpr, PRESPLIT: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, SCHED_N: gl.constexpr, PRESPLIT: gl.constexpr,
+          TRACE: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -392,10 +431,15 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
     if WG == 0:
-        if CLEAN or not PRESPLIT:
+        if TRACE:
+            _stamp(sched_ptr, 0, idl, True)
+            _stamp(sched_ptr, 1, idl, False)
+        if CLEAN or not PRESPLIT or TRACE:
             _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
-                     CLEAN, SCHED_N, PRESPLIT)
-    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT)
+                     CLEAN, SCHED_N, PRESPLIT and not TRACE)
+        if TRACE:
+            _stamp(sched_ptr, 2, idl, False)
+    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT and not TRACE)
     g = 0
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
@@ -417,6 +461,9 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s = (g + i) % STAGES
             mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+            if TRACE and WG == 0:
+                if g + i == 0:
+                    _stamp(sched_ptr, 6, idl, False)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
             sc = gl.expand_dims(sc_smem.index(s)._reinterpret(gl.float32, [64], flat).load(slay), 1)  # during the wgmma
@@ -430,6 +477,10 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         mbarrier.arrive(q_empty.index(qs), count=1)
         g += n_t
         qn += 1
+    if TRACE:
+        _stamp(sched_ptr, 7 + WG, idl, False)
+        if WG == 0:
+            _stamp(sched_ptr, 11, idl, True)
 
 
 @_jit
@@ -458,7 +509,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, SCHED_N: gl.constexpr, PREFETCH: gl.constexpr,
-                     PRESPLIT: gl.constexpr, num_warps: gl.constexpr):
+                     PRESPLIT: gl.constexpr, TRACE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -489,13 +540,14 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
+                           TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -503,32 +555,34 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
+                           TRACE)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
+                           TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -536,19 +590,20 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
+                           TRACE)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -568,7 +623,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "SCHED_N": cfg.sched,
-            "PREFETCH": bool(cfg.prefetch), "PRESPLIT": bool(presplit), "num_warps": 4}
+            "PREFETCH": bool(cfg.prefetch), "PRESPLIT": bool(presplit), "TRACE": bool(cfg.trace), "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
@@ -710,7 +765,7 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
     allocate the output and launch (descriptors encoded once per pointer and size). ``schedule``: a
     precomputed split (:func:`schedule_unsupported` says what it must be), read instead of worked out."""
     clean_logits = bool(clean_logits)
-    if schedule is not None:
+    if schedule is not None and not (config and config.trace):
         reason = schedule_unsupported(schedule, q.device)
         if reason:
             raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")

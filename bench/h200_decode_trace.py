@@ -1,0 +1,79 @@
+"""Where the Gluon paged kernel's time goes on small ragged batches: a ``trace=1`` build stamps each
+SM's clock at fixed points (``TRACE_EVENTS``) and this prints, per event, the median and the slowest
+program's time since the program started, in ns (cycles at the clock the stamps measure).
+
+    python bench/h200_decode_trace.py [--shapes 32x4096x2x64,256x4096x1x32] [--variants ws,ws+prefetch=1]
+
+Each shape is run eagerly on R page pools in turn (so the timed call finds its cache in DRAM, as in
+graph replay); the last call's stamps are reported. Same inputs as bench/h200_decode_vs_deepgemm.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from h200_decode_vs_deepgemm import Batch, copies_for, variant_config  # noqa: E402
+
+
+def trace(batch: Batch, next_n: int, h: int, cfg) -> list[list[int]]:
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = (torch.randn(batch.batch, next_n, h, 128, device="cuda", generator=g) * 0.5).to(torch.float8_e4m3fn)
+    w = torch.rand(batch.batch * next_n, h, device="cuda", generator=g)
+    lens = batch.lens_2d(next_n)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    buf = torch.zeros(sms, 16, dtype=torch.int64, device="cuda")
+    import dataclasses
+    cfg_t = dataclasses.replace(cfg, trace=1)
+    for _ in range(3):
+        for c, t in zip(batch.caches, batch.tables):
+            fp8_paged_mqa_logits_gluon(q, c, w, lens, t, batch.ctx, False, config=cfg_t, schedule=buf)
+    torch.cuda.synchronize()
+    return buf.tolist()
+
+
+def report(rows: list[list[int]], label: str) -> None:
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import TRACE_EVENTS
+
+    # clock rate from the programs' own start/end pairs (ns and cycles)
+    rates = [(r[7] - r[1]) / max(r[11] - r[0], 1) for r in rows if r[11] > r[0]]
+    ghz = statistics.median(rates) if rates else 1.0
+    t0 = min(r[0] for r in rows)
+    span = max(r[11] for r in rows) - t0
+    print(f"{label}: clock {ghz:.2f} GHz, first start to last end {span} ns; "
+          f"starts spread {max(r[0] for r in rows) - t0} ns; tiles per program {min(r[12] for r in rows)}-"
+          f"{max(r[12] for r in rows)}")
+    for i, name in enumerate(TRACE_EVENTS):
+        if i in (0, 1, 11, 12):
+            continue
+        vals = [(r[i] - r[1]) / ghz for r in rows if r[i]]
+        if vals:
+            print(f"  {name:22s} median {statistics.median(vals):8.0f} ns   max {max(vals):8.0f} ns")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="32x4096x2x64,32x4096x1x32,256x4096x1x32,128x16384x2x64",
+                    help="BxCxNEXT_NxH, comma-separated")
+    ap.add_argument("--variants", default="ws,ws+prefetch=1", help="GluonPagedConfig variants (as the decode bench)")
+    args = ap.parse_args()
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for shape in args.shapes.split(","):
+        b, c, nn, h = (int(x) for x in shape.split("x"))
+        batch = Batch(b, c, "cuda", g, copies_for(b, c))
+        for name in args.variants.split(","):
+            cfg = variant_config(name, {"ws": GluonPagedConfig()})
+            report(trace(batch, nn, h, cfg), f"B={b} C={c} next_n={nn} H={h} {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
