@@ -61,7 +61,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="32x4096x2x64,32x4096x1x32,256x4096x1x32,128x16384x2x64",
                     help="BxCxNEXT_NxH, comma-separated")
-    ap.add_argument("--variants", default="ws,ws+prefetch=1,ws+prefetch=1+loaders=4", help="GluonPagedConfig variants (as the decode bench)")
+    ap.add_argument("--variants", default="ws,ws+prefetch=1,ws+prefetch=1+loaders=4",
+                    help="GluonPagedConfig variants (as the decode bench)")
     args = ap.parse_args()
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig
 
