@@ -2,7 +2,7 @@
 SM's clock at fixed points (``TRACE_EVENTS``) and this prints, per event, the median and the slowest
 program's time since the program started, in ns (cycles at the clock the stamps measure).
 
-    python bench/h200_decode_trace.py [--shapes 32x4096x2x64,256x4096x1x32] [--variants ws,ws+prefetch=1]
+    python bench/h200_decode_trace.py [--shapes 32x4096x2x64,256x4096x1x32] [--variants ws,ws+stages=12]
 
 Each shape is run eagerly on R page pools in turn (so the timed call finds its cache in DRAM, as in
 graph replay); the last call's stamps are reported. Same inputs as bench/h200_decode_vs_deepgemm.py.
@@ -61,7 +61,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="32x4096x2x64,32x4096x1x32,256x4096x1x32,128x16384x2x64",
                     help="BxCxNEXT_NxH, comma-separated")
-    ap.add_argument("--variants", default="ws,ws+prefetch=1,ws+prefetch=1+loaders=4",
+    ap.add_argument("--variants", default="ws",
                     help="GluonPagedConfig variants (as the decode bench)")
     args = ap.parse_args()
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig

@@ -80,10 +80,6 @@ def test_config_rejects_a_ring_the_warpgroups_cannot_share():
         gp.GluonPagedConfig(math_wgs=4, stages=6)
     with pytest.raises(ValueError, match="2 or 4"):
         gp.GluonPagedConfig(math_wgs=3, stages=6)
-    with pytest.raises(ValueError, match="loaders must be 1 or math_wgs"):
-        gp.GluonPagedConfig(loaders=2)
-    with pytest.raises(ValueError, match="sched must be 128 or 256"):
-        gp.GluonPagedConfig(sched=64)
 
 
 def test_unsupported_says_why_on_this_machine():
@@ -150,9 +146,7 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
-               gp.GluonPagedConfig(prefetch=1, sched=256), gp.GluonPagedConfig(loaders=4, prefetch=1),
-               gp.GluonPagedConfig(math_wgs=2, stages=6, loaders=2), None)
+    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
@@ -177,7 +171,7 @@ def test_gpu_reads_a_precomputed_schedule(poisoned, batch, next_n, h, ctx, lens_
     stale = [lens, (lens // 3), (lens * 2 + 70), torch.zeros_like(lens), lens.flip(0)]
     for other in stale:
         schedule = get_paged_mqa_logits_metadata(other.cuda(), 64, sms)
-        for config in (None, gp.GluonPagedConfig(prefetch=1, loaders=4)):
+        for config in (None, gp.GluonPagedConfig(math_wgs=2, stages=4)):
             check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config, schedule=schedule), ref, clean)
     with pytest.raises(ValueError, match="rows"):
         gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=get_paged_mqa_logits_metadata(args[3], 64, sms - 1))

@@ -68,13 +68,6 @@ class GluonPagedConfig:
     math_regs: int | None = None
     loader_regs: int | None = None
     fill_regs: int | None = None
-    #: 1: the loader prefetches the four TMA descriptors as it starts (before the split is known), so
-    #: the first copies do not wait for their descriptors.
-    prefetch: int = 0
-    #: Sequences the split reads per step (SCHED / 32 per lane): 128 or 256.
-    sched: int = SCHED
-    #: Loader warps: 1, or one per math warpgroup (each copying that warpgroup's tiles).
-    loaders: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -82,10 +75,6 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        if self.loaders not in (1, self.math_wgs):
-            raise ValueError(f"GluonPagedConfig.loaders must be 1 or math_wgs ({self.math_wgs}), got {self.loaders}")
-        if self.sched not in (128, 256):
-            raise ValueError(f"GluonPagedConfig.sched must be 128 or 256, got {self.sched}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -104,6 +93,7 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from .mqa_logits_gluon_sm90 import mma_layout
 
     _jit = gluon.jit
+    SCHED_N = gl.constexpr(SCHED)
     _jit_sizes = gluon.jit(do_not_specialize=["num_seqs", "max_ctx", "covered", "num_blocks"])
 except Exception:  # pragma: no cover - depends on the installed triton
 
@@ -181,7 +171,7 @@ def _items(cl_ptr, v, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: 
 
 @_jit
 def _split(cl_ptr, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr,
-           FILL: gl.constexpr, SCHED_N: gl.constexpr):
+           FILL: gl.constexpr):
     """This CTA's even share of the batch's items (:func:`_items`) as ``(va, ta, vb, tb, v_end, n_va)``:
     (sequence, item) of its first and of its last item, the end of its sequence range and the item count
     of sequence ``va``. Worked out in registers by a 4-warp partition: every warp holds all SCHED
@@ -215,7 +205,7 @@ def _split(cl_ptr, num_seqs, covered, t_max, stride_clb, stride_clj, NEXT_N: gl.
 
 @_jit
 def _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N: gl.constexpr,
-             LENS_2D: gl.constexpr, CLEAN: gl.constexpr, SCHED_N: gl.constexpr, PRESPLIT: gl.constexpr):
+             LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr):
     """The default math warpgroup's first job: this CTA's split of the batch's tiles (``split[0:6]``) and,
     with CLEAN, of the -inf tails (``split[6:11]``), for the loader, the other math warpgroups and the
     filler; the arrive on ``split_ready`` releases the stores before it. (Not in each partition: with
@@ -225,12 +215,12 @@ def _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb,
     one = gl.zeros([1], gl.int32, lay)
     if not PRESPLIT:
         va, ta, vb, tb, v_end, n_va = _split(cl_ptr, num_seqs, covered, 0, stride_clb, stride_clj, NEXT_N, LENS_2D,
-                                             False, SCHED_N)
+                                             False)
         _put_range(split, 0, va, ta, vb, tb, v_end, lay)
         split.index(5).store(one + n_va)
     if CLEAN:
         fa, fta, fb, ftb, fv_end, _ = _split(cl_ptr, num_seqs, covered, gl.cdiv(max_ctx, 64), stride_clb, stride_clj,
-                                             NEXT_N, LENS_2D, True, SCHED_N)
+                                             NEXT_N, LENS_2D, True)
         _put_range(split, 6, fa, fta, fb, ftb, fv_end, lay)
     mbarrier.arrive(split_ready.index(0), count=1)
 
@@ -315,37 +305,18 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 
 
 @_jit
-def _prefetch_descriptors():
-    """``prefetch.tensormap`` of the kernel's four descriptor parameters (q, weights, values, scales:
-    parameters 0, 5, 10 and 17 of ``_paged_kernel_ws``, checked on its PTX by tests/gluon)."""
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    gl.inline_asm_elementwise(
-        "{\n\t.reg .b64 a;\n\t"
-        "mov.b64 a, _paged_kernel_ws_param_0;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
-        "mov.b64 a, _paged_kernel_ws_param_5;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
-        "mov.b64 a, _paged_kernel_ws_param_10;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
-        "mov.b64 a, _paged_kernel_ws_param_17;\n\tcvta.param.u64 a, a;\n\tprefetch.tensormap [a];\n\t"
-        "mov.u32 $0, 0;\n\t}", "=r,r", [gl.zeros([1], gl.int32, lay)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PREFETCH: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, LID: gl.constexpr,
-            LOADERS: gl.constexpr):
-    """One warp: walks this CTA's tiles, issuing the TMA copies of the tiles ``g`` of the CTA's tile
-    counter with ``g % LOADERS == LID`` STAGES ahead of the math (with LOADERS = MATH_WGS, those of one
-    math warpgroup: its ring slots); loader 0 also copies each sequence's q rows and weights. Block ids
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
+    """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    if TRACE and LID == 0:
+    if TRACE:
         _stamp(sched_ptr, 13, lay, False)
-    if PREFETCH and LID == 0:
-        _prefetch_descriptors()
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE)
-    if TRACE and LID == 0:
+    if TRACE:
         _stamp(sched_ptr, 3, lay, False)
     if PRESPLIT:
         n_va = gl.cdiv(_seq_hi(cl_ptr, va, va < num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
@@ -357,50 +328,45 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     # What each sequence starts with (its tile count, its first 32 block ids) is requested one sequence
     # ahead, so a switch of sequence does not wait for global memory; the first comes with the split.
     tiles = n_va
-    first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + LID + lane * LOADERS) * 64) // BS,
-                    mask=(ta + LID + lane * LOADERS) * 64 < covered, other=0)
+    first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
+                    mask=(ta + lane) * 64 < covered, other=0)
     for v in range(va, v_end):
         t_lo = gl.where(v == va, ta, 0)
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
-        n_t = gl.maximum(t_hi - t_lo, 0)
-        i0 = (LID - g % LOADERS + LOADERS) % LOADERS  # this loader's first tile of the sequence
         nv = v + 1
         more = nv < v_end
         tiles = gl.cdiv(_seq_hi(cl_ptr, nv, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
         blk_ids = first
-        t_next = (LID - (g + n_t) % LOADERS + LOADERS) % LOADERS + lane * LOADERS
-        first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (t_next * 64) // BS,
-                        mask=more & (t_next * 64 < covered), other=0)
-        if LID == 0:  # every sequence of the range gets its q slot (the math warpgroups wait for each)
-            qs = qn % 2
-            mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
-            mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
-            tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
-            qn += 1
+        first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (lane * 64) // BS,
+                        mask=more & (lane * 64 < covered), other=0)
+        # every sequence of the range gets its q slot (the math warpgroups wait for each)
+        qs = qn % 2
+        mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
+        qn += 1
         table = bt_ptr + v.to(gl.int64) * stride_btb
-        for c in range(i0, n_t, 32 * LOADERS):
-            t_nxt = t_lo + c + 32 * LOADERS + lane * LOADERS
-            nxt = gl.load(table + (t_nxt * 64) // BS, mask=t_nxt < t_hi, other=0)
-            for k in range(gl.minimum(32, gl.cdiv(n_t - c, LOADERS))):
-                blk = gl.sum(gl.where(lane == k, blk_ids, 0), 0)
-                i = c + k * LOADERS
-                s = (g + i) % STAGES
-                mbarrier.wait(empty.index(s), (((g + i) // STAGES) & 1) ^ 1)
+        for c in range(t_lo, t_hi, 32):
+            nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
+            for i in range(gl.minimum(32, t_hi - c)):
+                blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
+                s = g % STAGES
+                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
                 ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
                 mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
-                off = ((t_lo + i) * 64) % BS
+                off = ((c + i) * 64) % BS
                 # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them.
                 # The [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes).
                 box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
                 tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
                 tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
-                if TRACE and LID == 0:
-                    if g + i == 0:
+                if TRACE:
+                    if g == 0:
                         _stamp(sched_ptr, 4, lay, False)
+                g += 1
             blk_ids = nxt
-        g += n_t
-    if TRACE and LID == 0:
+    if TRACE:
         _stamp(sched_ptr, 5, lay, False)
         _put_trace(sched_ptr, 12, gl.zeros([1], gl.int64, lay) + g, lay)
 
@@ -427,8 +393,7 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, SCHED_N: gl.constexpr, PRESPLIT: gl.constexpr,
-          TRACE: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -448,7 +413,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             _stamp(sched_ptr, 1, idl, False)
         if CLEAN or not PRESPLIT or TRACE:
             _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
-                     CLEAN, SCHED_N, PRESPLIT and not TRACE)
+                     CLEAN, PRESPLIT and not TRACE)
         if TRACE:
             _stamp(sched_ptr, 2, idl, False)
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT and not TRACE)
@@ -520,8 +485,8 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      covered, num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     FILL_REGS: gl.constexpr, SCHED_N: gl.constexpr, PREFETCH: gl.constexpr,
-                     PRESPLIT: gl.constexpr, TRACE: gl.constexpr, LOADERS: gl.constexpr, num_warps: gl.constexpr):
+                     FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
+                     num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -547,149 +512,72 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
-    gl.static_assert(LOADERS == 1 or LOADERS == MATH_WGS, "one loader, or one per math warpgroup")
     if MATH_WGS == 2:
         if CLEAN:
-            if LOADERS == 1:
-                gl.warp_specialize([
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 0, LOADERS)),
-                    (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                               NEXT_N, LENS_2D)),
-                ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
-            else:
-                gl.warp_specialize([
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 0, LOADERS)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 1, LOADERS)),
-                    (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                               NEXT_N, LENS_2D)),
-                ], [4, 1, 1, 1], [MATH_REGS, LOADER_REGS, LOADER_REGS, FILL_REGS])
-        else:
-            if LOADERS == 1:
-                gl.warp_specialize([
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 0, LOADERS)),
-                ], [4, 1], [MATH_REGS, LOADER_REGS])
-            else:
-                gl.warp_specialize([
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 0, LOADERS)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 1, LOADERS)),
-                ], [4, 1, 1], [MATH_REGS, LOADER_REGS, LOADER_REGS])
-    else:
-        if CLEAN:
-            gl.static_assert(LOADERS == 1, "21 warps: too few registers for the default partition")
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                         sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                         stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                         sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                         stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                         sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                         stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                         sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                         stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                           TRACE, 0, LOADERS)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
+                (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
+                           NEXT_N, LENS_2D)),
+            ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
+        else:
+            gl.warp_specialize([
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
+            ], [4, 1], [MATH_REGS, LOADER_REGS])
+    else:
+        if CLEAN:
+            gl.warp_specialize([
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
-            if LOADERS == 1:
-                gl.warp_specialize([
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 0, LOADERS)),
-                ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
-            else:
-                gl.warp_specialize([
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                             sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                             stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, SCHED_N, PRESPLIT, TRACE)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 0, LOADERS)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 1, LOADERS)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 2, LOADERS)),
-                    (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                               q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                               stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PREFETCH, PRESPLIT,
-                               TRACE, 3, LOADERS)),
-                ], [4, 4, 4, 1, 1, 1, 1],
-                    [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
+            gl.warp_specialize([
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
+            ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
 @functools.cache
@@ -707,12 +595,8 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
     return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
-            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "SCHED_N": cfg.sched,
-            "PREFETCH": bool(cfg.prefetch), "PRESPLIT": bool(presplit), "TRACE": bool(cfg.trace),
-            # 21 warps (four math warpgroups, four loaders, the filler) leave the default warpgroup too few
-            # registers to start with: the filler's calls keep one loader
-            "LOADERS": 1 if clean and cfg.math_wgs == 4 else cfg.loaders,
-            "num_warps": 4}
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
+            "TRACE": bool(cfg.trace), "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
