@@ -11,6 +11,7 @@ from .discovery import BrokenPlugin, PluginInfo
 from .errors import PluginError, ProviderResultError, ProviderUnavailableError, SettingsError
 from .hookspecs import hookimpl
 from .provider import Provider
+from .schedule import paged_schedule
 from .settings import env_positive_number
 from .spec import DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
 from .tuning import TuningTable, load_tuning
@@ -57,6 +58,7 @@ __all__ = [
     "hookimpl",
     "load_tuning",
     "normalize_arch",
+    "paged_schedule",
     "reload",
     "__version__",
 ]

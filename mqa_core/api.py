@@ -86,14 +86,17 @@ def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", w
 
 def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
                          context_lens: "torch.Tensor", block_tables: "torch.Tensor",
-                         max_context_len: int, *, clean_logits: bool = True) -> "torch.Tensor":
+                         max_context_len: int, *, clean_logits: bool = True,
+                         schedule: "torch.Tensor | None" = None) -> "torch.Tensor":
     """The decode variant over a paged fp8 cache; see the docs for the block layout.
 
     The cache holds bytes of q's fp8 flavour, so the provider is chosen on the pair (q, q).
+    ``schedule``: the step's :func:`mqa_core.paged_schedule`, computed once for all of a step's calls;
+    a hint, read by the providers that can use it (the results do not depend on it).
     """
     s = registry.state()
-    return _call(s, PAGED, s.paged_calls, (q, kv_cache, weights, context_lens, block_tables, max_context_len),
-                 clean_logits)
+    return _call(s, PAGED, s.paged_calls,
+                 (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule), clean_logits)
 
 
 def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],

@@ -70,10 +70,11 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
 
 
 def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
-                 block_tables: Any, max_context_len: Any, clean_logits: Any) -> tuple[Signature | None, V | None]:
+                 block_tables: Any, max_context_len: Any, schedule: Any,
+                 clean_logits: Any) -> tuple[Signature | None, V | None]:
     """As :func:`mqa_recall`, for the paged op (``max_context_len`` is the problem's N, so it is part of
     the signature; the cache's start address modulo 4 too, since the checks require its float32
-    scales aligned)."""
+    scales aligned; and the schedule's layout, or None)."""
     if table is None:
         return None, None
     try:
@@ -85,7 +86,9 @@ def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, wei
                type(context_lens), context_lens.shape, context_lens.stride(), context_lens.dtype,
                context_lens.device,
                type(block_tables), block_tables.shape, block_tables.stride(), block_tables.dtype,
-               block_tables.device)
+               block_tables.device,
+               None if schedule is None else (type(schedule), schedule.shape, schedule.stride(), schedule.dtype,
+                                              schedule.device))
     except Exception:
         return None, None
     return key, table.get(key)
@@ -102,13 +105,14 @@ def remember(table: dict[Signature, V] | None, key: Signature | None, value: V) 
 
 
 def paged_problem(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
-                  max_context_len: Any, clean_logits: Any, *, spec: ProviderSpec | None = None,
+                  max_context_len: Any, schedule: Any, clean_logits: Any, *, spec: ProviderSpec | None = None,
                   full: bool = False) -> Problem:
     """:func:`mqa_core.validate.paged_mqa_logits_args`, and the problem it returns completed with
     ``next_n`` and ``block_size`` (which the checks have just established), for shape limits and
     tuning buckets."""
     problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
-                                             max_context_len, clean_logits, spec=spec, full=full)
+                                             max_context_len, clean_logits, schedule=schedule, spec=spec,
+                                             full=full)
     return replace(problem, next_n=q.shape[1], block_size=kv_cache.shape[1])
 
 
@@ -126,6 +130,19 @@ def _paged_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bo
     result.check_paged_values(out, args[3], args[0].shape[1], clean_logits, spec)
 
 
+#: The hints of a call without any (shared: never written).
+NO_HINTS: dict[str, Any] = {}
+
+
+def _mqa_hints(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return args, NO_HINTS
+
+
+def _paged_hints(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    schedule = args[6]
+    return args[:6], NO_HINTS if schedule is None else {"schedule": schedule}
+
+
 def _mqa_pair(args: tuple[Any, ...]) -> Pair:
     return dtype_name(args[0].dtype), dtype_name(args[1][0].dtype)
 
@@ -137,8 +154,8 @@ def _paged_pair(args: tuple[Any, ...]) -> Pair:
 
 @dataclass(frozen=True)
 class Op:
-    """What the per-call path needs to know of one op; its positional arguments travel as one tuple
-    ``args`` (the five tensor arguments first, then the paged op's ``max_context_len``)."""
+    """What the per-call path needs to know of one op; its arguments travel as one tuple ``args`` (the
+    five tensor arguments first, then the paged op's ``max_context_len`` and ``schedule``)."""
 
     name: str
     #: (table, *args, clean_logits) -> (signature or None, the table's entry or None)
@@ -149,7 +166,10 @@ class Op:
     values: Callable[[Any, Any, tuple[Any, ...], bool, ProviderSpec], None]
     #: args -> the (q, k) dtype pair a provider is chosen on
     pair: Callable[[tuple[Any, ...]], Pair]
+    #: args -> (the kernel function's positional arguments, the hints: keyword arguments a kernel
+    #: function receives only where it names them, as pluggy passes a hook only the arguments it takes)
+    hints: Callable[[tuple[Any, ...]], tuple[tuple[Any, ...], dict[str, Any]]]
 
 
-MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair)
-PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair)
+MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, _mqa_hints)
+PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, _paged_hints)

@@ -9,6 +9,7 @@ named instead of passed on.
 from __future__ import annotations
 
 import importlib
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,11 +38,23 @@ def load_object(path: str) -> Any:
     return obj
 
 
+def _named_parameters(function: Any) -> frozenset[str]:
+    """The parameter names ``function`` declares by name (not ``*args`` / ``**kwargs``); none for a
+    missing function or one whose signature cannot be read."""
+    if function is None:
+        return frozenset()
+    try:
+        params = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return frozenset()
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
 class Provider:
     """What :func:`mqa_core.get_provider` returns. Calls are validated, passed to the kernel, and its
     result is checked."""
 
-    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged")
+    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged", "_named")
 
     def __init__(self, spec: ProviderSpec, impl: Any, validate_full: bool = False) -> None:
         for op in spec.ops:
@@ -57,6 +70,11 @@ class Provider:
         # (mqa_core.memo); None under MQA_VALIDATE=full. The registry makes a new provider per state.
         self._passed_mqa: dict[Signature, Entry] | None = None if validate_full else {}
         self._passed_paged: dict[Signature, Entry] | None = None if validate_full else {}
+        # The keyword parameters each of the kernel object's op and prepare_<op> functions names: the
+        # call hints (a paged call's ``schedule``) they receive. Read once; a function whose signature
+        # cannot be read receives none.
+        self._named = {name: _named_parameters(getattr(impl, name, None))
+                       for op in spec.ops for name in (op, f"prepare_{op}")}
 
     @property
     def name(self) -> str:
@@ -93,10 +111,11 @@ class Provider:
     def fp8_paged_mqa_logits(self, q: "torch.Tensor", kv_cache: "torch.Tensor",
                              weights: "torch.Tensor", context_lens: "torch.Tensor",
                              block_tables: "torch.Tensor", max_context_len: int, *,
-                             clean_logits: bool = True) -> "torch.Tensor":
-        """The decode variant over a paged fp8 cache (DeepGEMM's block layout)."""
+                             clean_logits: bool = True, schedule: "torch.Tensor | None" = None) -> "torch.Tensor":
+        """The decode variant over a paged fp8 cache (DeepGEMM's block layout); ``schedule`` as in
+        :func:`mqa_core.fp8_paged_mqa_logits`, passed on only if this provider's kernel names it."""
         return self.call(PAGED, self._passed_paged,
-                         (q, kv_cache, weights, context_lens, block_tables, max_context_len), clean_logits)
+                         (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule), clean_logits)
 
     def call(self, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],
              clean_logits: Any) -> "torch.Tensor":
@@ -121,8 +140,9 @@ class Provider:
         prepare = getattr(self.impl, name, None)
         if prepare is None:
             return None
+        pos, hints = op.hints(args)
         try:
-            prepared = prepare(*args, clean_logits=clean_logits)
+            prepared = prepare(*pos, clean_logits=clean_logits, **self._hints(name, hints))
         except (Exception, SystemExit) as exc:  # optional: a failure costs the shortcut, not the call
             self._no_shortcut(op, f"{name} raised {type(exc).__name__}: {exc}")
             return None
@@ -130,6 +150,13 @@ class Provider:
             self._no_shortcut(op, f"{name} returned {type(prepared).__name__}, not a callable or None")
             return None
         return prepared
+
+    def _hints(self, function: str, hints: dict[str, Any]) -> dict[str, Any]:
+        """The hints the kernel object's ``function`` names (``hints`` itself when there are none)."""
+        if not hints:
+            return hints
+        named = self._named[function]
+        return {k: v for k, v in hints.items() if k in named}
 
     def _no_shortcut(self, op: Op, what: str) -> None:
         warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): {what}; its "
@@ -139,12 +166,14 @@ class Provider:
             prepared: PreparedCall | None = None) -> "torch.Tensor":
         """The kernel on arguments already validated (``problem`` is what validation returned),
         through ``prepared`` (what :meth:`prepare` returned for this call's signature) when there is
-        one, and the check of its result."""
+        one, and the check of its result. The call's hints go to the functions that name them (a
+        prepared call gets those its ``prepare_<op>`` names)."""
+        pos, hints = op.hints(args)
         try:
             if prepared is None:
-                out = getattr(self.impl, op.name)(*args, clean_logits=clean_logits)
+                out = getattr(self.impl, op.name)(*pos, clean_logits=clean_logits, **self._hints(op.name, hints))
             else:
-                out = prepared(*args[:5])
+                out = prepared(*pos[:5], **self._hints(f"prepare_{op.name}", hints))
         except SystemExit as exc:  # a kernel must not end the caller's process
             raise self._exited(op.name, exc) from exc
         self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)

@@ -31,7 +31,7 @@ __all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "register"]
 _PREFILL = ("fp8_mqa_logits(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor cu_seqlen_ks, "
             "Tensor cu_seqlen_ke, *, bool clean_logits=True) -> Tensor")
 _PAGED = ("fp8_paged_mqa_logits(Tensor q, Tensor kv_cache, Tensor weights, Tensor context_lens, "
-          "Tensor block_tables, SymInt max_context_len, *, bool clean_logits=True) -> Tensor")
+          "Tensor block_tables, SymInt max_context_len, *, bool clean_logits=True, Tensor? schedule=None) -> Tensor")
 
 _lib = torch.library.Library("mqa", "DEF")  # kept alive here: the registrations last as long as it does
 _lib.define(_PREFILL)
@@ -56,9 +56,10 @@ def _prefill(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: t
 
 
 def _paged(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-           block_tables: torch.Tensor, max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+           block_tables: torch.Tensor, max_context_len: int, *, clean_logits: bool = True,
+           schedule: torch.Tensor | None = None) -> torch.Tensor:
     return _rows(api.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                          clean_logits=clean_logits))
+                                          clean_logits=clean_logits, schedule=schedule))
 
 
 def _fake_logits(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
@@ -85,7 +86,8 @@ def _prefill_fake(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weigh
 
 
 def _paged_fake(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-                block_tables: torch.Tensor, max_context_len: Any, *, clean_logits: bool = True) -> torch.Tensor:
+                block_tables: torch.Tensor, max_context_len: Any, *, clean_logits: bool = True,
+                schedule: torch.Tensor | None = None) -> torch.Tensor:
     torch._check(q.dim() == 4, lambda: "q must be [B, next_n, H, D]")
     return _fake_logits(q, q.shape[0] * q.shape[1], max_context_len)
 

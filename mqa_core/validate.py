@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .schedule import schedule_problem
 from .spec import DTYPES, Problem, ProviderSpec, dtype_name, format_pairs
 
 if TYPE_CHECKING:
@@ -84,9 +85,10 @@ def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logit
 
 
 def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
-                          max_context_len: Any, clean_logits: Any, *,
+                          max_context_len: Any, clean_logits: Any, *, schedule: Any = None,
                           spec: ProviderSpec | None = None, full: bool = False) -> Problem:
-    """Check the paged (decode) op's arguments; return the problem sizes (M = B * next_n)."""
+    """Check the paged (decode) op's arguments; return the problem sizes (M = B * next_n). A
+    ``schedule`` is checked for its layout only (:mod:`mqa_core.schedule`: its values are a hint)."""
     op = "fp8_paged_mqa_logits"
     # Any fp8 flavour of the contract: a bound provider's pairs are judged once the device is known.
     _tensor(op, "q", q, DTYPES, (None, None, None, None), "[B, next_n, H, D]")
@@ -128,6 +130,9 @@ def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any
         raise TypeError(f"{op}: clean_logits must be a bool; got {type(clean_logits).__name__}")
     _same_device(op, {"q": q, "kv_cache": kv_cache, "weights": weights,
                       "context_lens": context_lens, "block_tables": block_tables})
+    wrong = schedule_problem(schedule, q.device)
+    if wrong:
+        raise TypeError(f"{op}: {wrong}")
     if spec is not None:
         _serves_device(op, q, spec)
     if full and b:

@@ -7,9 +7,9 @@ The three functions keep DeepGEMM's names, positional order and defaults. They c
 ``MQA_PROVIDER`` and friends all apply), never a specific provider. What still differs from
 DeepGEMM is listed in ``docs/compat-deep-gemm.md``; the main points:
 
-- ``schedule_meta`` is checked for shape and dtype and otherwise not read: mqa-core's kernels
-  balance ragged batches on the device in every call. ``get_paged_mqa_logits_metadata`` returns a
-  tensor of DeepGEMM's shape holding mqa-core's split of the batch over ``num_sms`` programs.
+- ``schedule_meta`` is mqa-core's schedule (``mqa_core.paged_schedule``, DeepGEMM's shape) and goes to
+  the chosen provider as a hint: a provider that reads it (the Gluon sm_90 kernel) returns the same
+  logits whatever its values, one that does not balances the batch itself.
 - 1-D and 2-D ``context_lens`` with any values are accepted, and ``clean_logits=True`` works for
   the paged op (DeepGEMM requires 2-D lengths and then refuses ``clean_logits``).
 - Row strides of the results are the chosen provider's (the op's contract: last dim contiguous,
@@ -19,11 +19,10 @@ DeepGEMM is listed in ``docs/compat-deep-gemm.md``; the main points:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 import mqa_core
+from mqa_core.schedule import _desc, paged_schedule
 
 __all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata"]
 
@@ -77,27 +76,18 @@ def _compressed(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights:
 
 
 def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num_sms: int) -> torch.Tensor:
-    """``[num_sms + 1, 2]`` int32 on ``context_lens``' device, DeepGEMM's shape: row ``i`` is where
-    program ``i`` of an even split of the batch's ``block_kv``-token tiles starts (sequence, tile),
-    the last row ``(B, 0)``. mqa-core's kernels compute this split themselves in every call, so
-    ``fp8_paged_mqa_logits`` does not read it; it is here so engines keep their call sequence (and
-    to show the split). Device ops only: capturable in a CUDA graph."""
-    if not isinstance(context_lens, torch.Tensor) or context_lens.dtype != torch.int32 \
-            or context_lens.dim() not in (1, 2):
-        raise TypeError("get_paged_mqa_logits_metadata: context_lens must be int32 [B] or [B, next_n]; "
-                        f"got {_desc(context_lens)}")
-    for name, value in (("block_kv", block_kv), ("num_sms", num_sms)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise TypeError(f"get_paged_mqa_logits_metadata: {name} must be a positive int; got {value!r}")
-    longest = context_lens if context_lens.dim() == 1 else context_lens.max(dim=1).values
-    tiles = (longest.long().clamp(min=0) + block_kv - 1) // block_kv
-    ends = torch.cumsum(tiles, 0)
-    total = ends[-1:] if ends.numel() else torch.zeros(1, dtype=torch.long, device=tiles.device)
-    starts = torch.arange(num_sms + 1, device=tiles.device) * total // num_sms
-    seq = torch.searchsorted(ends, starts, right=True)
-    before = torch.cat([torch.zeros(1, dtype=torch.long, device=tiles.device), ends])[seq]
-    tile = torch.where(seq < tiles.numel(), starts - before, 0)
-    return torch.stack([seq, tile], dim=1).to(torch.int32)
+    """``[num_sms + 1, 2]`` int32 on ``context_lens``' device, DeepGEMM's shape: mqa-core's schedule
+    (:func:`mqa_core.paged_schedule`), row ``i`` where program ``i`` of an even split of the batch's
+    64-token tiles starts (sequence, tile), the last row ``(B, 0)``. ``fp8_paged_mqa_logits`` hands it to
+    the chosen provider as the call's ``schedule``: computed once per step, as in DeepGEMM, instead of
+    in every call. ``block_kv`` is checked, not used: the split is in the Gluon kernel's 64-token tiles
+    whatever the page size. Device ops only: capturable in a CUDA graph."""
+    if not isinstance(block_kv, int) or isinstance(block_kv, bool) or block_kv < 1:
+        raise TypeError(f"get_paged_mqa_logits_metadata: block_kv must be a positive int; got {block_kv!r}")
+    try:
+        return paged_schedule(context_lens, num_sms)
+    except TypeError as exc:
+        raise TypeError(str(exc).replace("paged_schedule", "get_paged_mqa_logits_metadata")) from None
 
 
 def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -112,14 +102,8 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     Cells outside a row's context are -inf with ``clean_logits``, unspecified without.
     """
     if not isinstance(schedule_meta, torch.Tensor) or schedule_meta.dtype != torch.int32 \
-            or schedule_meta.dim() != 2 or schedule_meta.shape[1] != 2:
+            or schedule_meta.dim() != 2 or schedule_meta.shape[1] != 2 or schedule_meta.shape[0] < 2:
         raise TypeError("fp8_paged_mqa_logits: schedule_meta must be int32 [num_sms + 1, 2] (from "
                         f"get_paged_mqa_logits_metadata); got {_desc(schedule_meta)}")
     return mqa_core.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table,
-                                         max_context_len, clean_logits=clean_logits)
-
-
-def _desc(t: Any) -> str:
-    if isinstance(t, torch.Tensor):
-        return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device}"
-    return type(t).__name__
+                                         max_context_len, clean_logits=clean_logits, schedule=schedule_meta)

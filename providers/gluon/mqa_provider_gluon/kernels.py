@@ -34,8 +34,9 @@ def prefill_launcher(use_gluon: bool, device_index: int) -> Launcher:
 
 
 @functools.cache
-def paged_launcher(use_gluon: bool, device_index: int) -> tuple[Launcher, Callable[..., Launcher | None]]:
-    """The decode launcher and its ``prepare`` for a device, imported on the first call: on sm_90
+def paged_launcher(use_gluon: bool, device_index: int) -> tuple[Launcher, Callable[..., Launcher | None], bool]:
+    """The decode launcher, its ``prepare`` and whether both take a ``schedule``, for a device,
+    imported on the first call: on sm_90
     for the ``gluon`` provider, the dispatcher that sends each call signature to the warp-specialised
     Gluon kernel where it was measured ahead, else to the Triton kernel; the Triton kernel elsewhere.
     Cached: an import statement would cost every call ~0.7 us."""
@@ -45,10 +46,10 @@ def paged_launcher(use_gluon: bool, device_index: int) -> tuple[Launcher, Callab
         if gluon_supported(device_index) is None:
             from .ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_sm90, prepare_sm90
 
-            return fp8_paged_mqa_logits_sm90, prepare_sm90
+            return fp8_paged_mqa_logits_sm90, prepare_sm90, True
     from .ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton, prepare
 
-    return fp8_paged_mqa_logits_triton, prepare
+    return fp8_paged_mqa_logits_triton, prepare, False
 
 
 @dataclass(frozen=True)
@@ -76,17 +77,27 @@ class MqaKernels:
 
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int, *,
-                             clean_logits: bool = True) -> torch.Tensor:
-        launch = paged_launcher(self.use_gluon, q.get_device())[0]
-        return launch(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+                             clean_logits: bool = True, schedule: torch.Tensor | None = None) -> torch.Tensor:
+        """``schedule`` (``mqa_core.paged_schedule``) is read by the Gluon sm_90 kernel, not by the
+        Triton one; the logits are the same either way."""
+        launch, _, scheduled = paged_launcher(self.use_gluon, q.get_device())
+        if schedule is None or not scheduled:
+            return launch(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+        return launch(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
+                      schedule=schedule)
 
     def prepare_fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                      context_lens: torch.Tensor, block_tables: torch.Tensor,
-                                     max_context_len: int, *, clean_logits: bool = True) -> Launcher | None:
+                                     max_context_len: int, *, clean_logits: bool = True,
+                                     schedule: torch.Tensor | None = None) -> Launcher | None:
         """mqa-core's optional per-signature call (docs/writing-a-provider.md): the device's decode
-        launch with everything the signature fixes worked out once, or None where calls take the full path."""
-        prepare = paged_launcher(self.use_gluon, q.get_device())[1]
-        return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+        launch with everything the signature fixes worked out once, or None where calls take the full
+        path. It takes ``schedule`` as the call does."""
+        _, prepare, scheduled = paged_launcher(self.use_gluon, q.get_device())
+        if schedule is None or not scheduled:
+            return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+        return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
+                       schedule=schedule)
 
 
 GLUON = MqaKernels(use_gluon=True)

@@ -820,29 +820,43 @@ class PreparedCall:
     max_context_len: int
     clean_logits: bool
     residues: tuple[int, ...] | None
+    #: The launch reads a schedule: calls of this signature come with one that :func:`schedule_unsupported`
+    #: accepts (mqa-core's signature holds the schedule's layout); without, a call given one ignores it.
+    scheduled: bool = False
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor) -> torch.Tensor:
+                 block_tables: torch.Tensor, schedule: torch.Tensor | None = None) -> torch.Tensor:
         ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
-        if hooks_active() or ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
-                              else residues(ptrs) != self.residues):
+        if hooks_active() or (self.scheduled and schedule is None) or (
+                (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
+                else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
-                                              self.clean_logits)
-        return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail)
+                                              self.clean_logits, schedule=_usable(schedule, q))
+        return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail,
+                    schedule.data_ptr() if self.scheduled else 0)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-            block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> PreparedCall | None:
-    """The :class:`PreparedCall` for calls like this one (default config) once a call of its signature
-    has bound a launch, else None (also for an empty output or pool: the full path handles those)."""
+            block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
+            schedule: torch.Tensor | None = None) -> PreparedCall | None:
+    """The :class:`PreparedCall` for calls like this one (default config, a usable ``schedule`` or none)
+    once a call of its signature has bound a launch, else None (also for an empty output or pool: the
+    full path handles those)."""
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
+    scheduled = _usable(schedule, q) is not None
     launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                                      ptrs))
+                                      ptrs, scheduled))
     if launch is None or not launch.bound or not (q.shape[0] and max_context_len and kv_cache.shape[0]):
         return None
     return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
                         _tail(launch, q, kv_cache, block_tables, max_context_len), max_context_len,
-                        bool(clean_logits), residues(ptrs))
+                        bool(clean_logits), residues(ptrs), scheduled)
+
+
+def _usable(schedule: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
+    """``schedule`` where this kernel reads it (:func:`schedule_unsupported`), else None: a schedule of
+    another program count (an engine that splits over fewer SMs) is a hint this grid cannot take."""
+    return schedule if schedule is not None and schedule_unsupported(schedule, q.device) is None else None
 
 
 #: (next_n, H) classes where this kernel was measured ahead of the Triton kernel on the H200 (ragged
@@ -873,15 +887,16 @@ def _batch_here(q: torch.Tensor) -> bool:
 
 def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                               context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
-                              clean_logits: bool = True) -> torch.Tensor:
+                              clean_logits: bool = True, schedule: torch.Tensor | None = None) -> torch.Tensor:
     """The ``gluon`` provider's paged op on sm_90: this kernel where :func:`serves` (decided once per
-    call signature), else the Triton kernel."""
+    call signature), with ``schedule`` where it can read it, else the Triton kernel (which reads none)."""
     clean_logits = bool(clean_logits)
     if not _batch_here(q):
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
                                            clean_logits)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs)
+    schedule = _usable(schedule, q)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, schedule is not None)
     launch = _LAUNCHES.get(key)
     if launch is None and (key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables)):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
@@ -890,17 +905,18 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
                                            clean_logits)
     return _call(launch, key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
-                 None)
+                 None, schedule)
 
 
 def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True) -> Any:
+                 block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
+                 schedule: torch.Tensor | None = None) -> Any:
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                     _ptrs(q, kv_cache, weights, context_lens, block_tables))
+                     _ptrs(q, kv_cache, weights, context_lens, block_tables), _usable(schedule, q) is not None)
     if key in _TRITON_ROUTE or not _batch_here(q):
         return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
-    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
+    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, schedule)
 
 
 def _multiprocessors(index: int | None) -> int:

@@ -744,7 +744,8 @@ class PreparedCall:
     residues: tuple[int, ...] | None
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
-                 context_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+                 context_lens: torch.Tensor, block_tables: torch.Tensor, schedule: Any = None) -> torch.Tensor:
+        """The call; ``schedule`` (mqa-core's call hint) is not read: this kernel splits the batch itself."""
         ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(),
                 block_tables.data_ptr())
         if triton.knobs.runtime.interpret or hooks_active() or (
