@@ -74,6 +74,7 @@ class Scheduled:
 
     def __init__(self, inner) -> None:
         self.inner, self.seen = inner, []
+        self.fp8_mqa_logits = inner.fp8_mqa_logits
 
     def fp8_paged_mqa_logits(self, q, kv_cache, weights, lens, tables, n, *, clean_logits=True, schedule=None):
         self.seen.append(("call", schedule))
@@ -94,6 +95,7 @@ class Unscheduled:
 
     def __init__(self, inner) -> None:
         self.inner, self.kwargs = inner, []
+        self.fp8_mqa_logits = inner.fp8_mqa_logits
 
     def fp8_paged_mqa_logits(self, *args, **kwargs):
         self.kwargs.append(sorted(kwargs))
