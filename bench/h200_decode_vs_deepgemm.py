@@ -159,8 +159,7 @@ def gluon_impls(names: list[str]) -> dict[str, Impl]:
 
     def make(cfg: Any, scheduled: bool) -> Impl:
         def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-            s = get_paged_mqa_logits_metadata(lens, BLOCK, sms) if scheduled else None
+            s = get_paged_mqa_logits_metadata(lens, BLOCK, num_sms(lens)) if scheduled else None
             return lambda c, t: fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, clean, config=cfg, schedule=s)
         return bind
 
@@ -210,11 +209,20 @@ def public_impls() -> dict[str, Impl]:
     def core(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
         return lambda c, t: mqa_core.fp8_paged_mqa_logits(q, c, w, lens, t, n, clean_logits=clean)
 
+    def scheduled(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
+        s = mqa_core.paged_schedule(lens, num_sms(lens))  # once per step, as an engine would
+        return lambda c, t: mqa_core.fp8_paged_mqa_logits(q, c, w, lens, t, n, clean_logits=clean, schedule=s)
+
     def via_compat(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
-        meta = compat.get_paged_mqa_logits_metadata(lens, BLOCK, 132)  # not read by mqa-core's kernels
+        meta = compat.get_paged_mqa_logits_metadata(lens, BLOCK, num_sms(lens))
         return lambda c, t: compat.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
 
-    return {"mqa_core": core, "compat": via_compat}
+    return {"mqa_core": core, "mqa_core+schedule": scheduled, "compat": via_compat}
+
+
+def num_sms(t: torch.Tensor) -> int:
+    """Programs a schedule splits over: the device's multiprocessors (132 for the CPU smoke run)."""
+    return torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 132
 
 
 def deepgemm_impl() -> tuple[Impl | None, str]:
@@ -573,11 +581,12 @@ def main() -> int:
     impls: dict[str, Impl] = {"deepgemm": dg} if dg is not None else {}
     publics = public_impls()
     impls["mqa_core"] = publics["mqa_core"]
+    impls["mqa_core+schedule"] = publics["mqa_core+schedule"]
     impls.update(triton_impls(variants))
     gluon = [v for v in args.gluon.split(",") if v]
     impls.update(gluon_impls(gluon))
-    host_impls: dict[str, Impl] = {"mqa_core": publics["mqa_core"], "kernel": kernel_impl(),
-                                   "compat": publics["compat"]}
+    host_impls: dict[str, Impl] = {"mqa_core": publics["mqa_core"], "mqa_core+schedule": publics["mqa_core+schedule"],
+                                   "kernel": kernel_impl(), "compat": publics["compat"]}
     if gluon:
         host_impls[f"gluon:{gluon[0]}"] = impls[f"gluon:{gluon[0]}"]
     if dg is not None:

@@ -168,9 +168,10 @@ def test_gpu_reads_a_precomputed_schedule(poisoned, batch, next_n, h, ctx, lens_
     ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, inp.block_tables, ctx)
     args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), inp.block_tables.cuda(), ctx)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    stale = [lens, (lens // 3), (lens * 2 + 70), torch.zeros_like(lens), lens.flip(0)]
+    stale = [lens, (lens // 3), (lens * 2 + 70), torch.zeros_like(lens), lens.flip(0), None]
     for other in stale:
-        schedule = get_paged_mqa_logits_metadata(other.cuda(), 64, sms)
+        schedule = get_paged_mqa_logits_metadata(other.cuda(), 64, sms) if other is not None else \
+            torch.randint(-5, batch + 3, (sms + 1, 2), dtype=torch.int32, device="cuda")  # any table at all
         for config in (None, gp.GluonPagedConfig(math_wgs=2, stages=4)):
             check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config, schedule=schedule), ref, clean)
     with pytest.raises(ValueError, match="rows"):
@@ -224,3 +225,30 @@ def test_gpu_provider_routes_measured_classes_here(poisoned, monkeypatch):
         key = gp._signature(*args[:5], True, None, gp._ptrs(*args[:5]))
         if batch >= gp.MIN_BATCH:
             assert (key in gp._LAUNCHES) == here and (key in gp._TRITON_ROUTE) != here
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_public_op_hands_the_schedule_to_this_kernel(poisoned, monkeypatch):
+    """mqa_core's op with the gluon provider: the step's schedule reaches this kernel's launch (and its
+    prepared call, on later calls); one of another program count is ignored; the logits are the
+    oracle's every time."""
+    import mqa_core
+
+    monkeypatch.setenv("MQA_PROVIDER", "gluon")
+    mqa_core.reload()
+    inp = make_paged_inputs(40, 2, 64, 128, 3000, seed=21, lens_2d=True)
+    ref = fp8_paged_mqa_logits_ref(*inp.args())
+    args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in inp.args())
+    read = []
+    monkeypatch.setattr(gp, "_run", lambda *a, real=gp._run: read.append(a[-1]) or real(*a))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    schedule = mqa_core.paged_schedule(args[3])
+    for _ in range(3):
+        check(mqa_core.fp8_paged_mqa_logits(*args, clean_logits=False, schedule=schedule), ref, False)
+    assert read[-2:] == [schedule.data_ptr()] * 2  # the prepared call passes the table's address
+    read.clear()
+    other = mqa_core.paged_schedule(args[3], sms - 4)
+    for _ in range(3):
+        check(mqa_core.fp8_paged_mqa_logits(*args, clean_logits=False, schedule=other), ref, False)
+    assert read[-2:] == [0, 0]  # worked out in the kernel instead
