@@ -152,9 +152,7 @@ class Provider:
         return prepared
 
     def _hints(self, function: str, hints: dict[str, Any]) -> dict[str, Any]:
-        """The hints the kernel object's ``function`` names (``hints`` itself when there are none)."""
-        if not hints:
-            return hints
+        """The hints the kernel object's ``function`` names."""
         named = self._named[function]
         return {k: v for k, v in hints.items() if k in named}
 
@@ -171,9 +169,12 @@ class Provider:
         pos, hints = op.hints(args)
         try:
             if prepared is None:
-                out = getattr(self.impl, op.name)(*pos, clean_logits=clean_logits, **self._hints(op.name, hints))
-            else:
+                out = getattr(self.impl, op.name)(*pos, clean_logits=clean_logits,
+                                                  **(self._hints(op.name, hints) if hints else hints))
+            elif hints:
                 out = prepared(*pos[:5], **self._hints(f"prepare_{op.name}", hints))
+            else:  # the per-call path of a remembered signature without hints
+                out = prepared(*pos[:5])
         except SystemExit as exc:  # a kernel must not end the caller's process
             raise self._exited(op.name, exc) from exc
         self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)
