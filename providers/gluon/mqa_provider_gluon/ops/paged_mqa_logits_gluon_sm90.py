@@ -22,8 +22,9 @@ capturable in a CUDA graph. Or, given a decode step's ``schedule`` (``mqa_core.p
 computed once for every layer), each partition reads its range from that table instead (round 13:
 the in-kernel split is ~0.9 us of an 8 us kernel's start; the table is one read). Without one, in
 each CTA the default math warpgroup works the split out first, with shuffles inside each warp (its
-four warps are replicas; no bar.sync), and publishes it in shared memory behind an mbarrier for the loader, the other math warpgroups and the filler (round 11: the
-cross-warp scan it replaced parked all 17 warps at CTA barriers before the first copy).
+four warps are replicas; no bar.sync), and publishes it in shared memory behind an mbarrier for
+the loader, the other math warpgroups and the filler (round 11: the cross-warp scan it replaced
+parked all 17 warps at CTA barriers before the first copy).
 
 Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
 two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
