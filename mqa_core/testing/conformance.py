@@ -207,8 +207,9 @@ def run_prefill(kit: Kit, problem: Problem, *, window: str = "ragged", clean: bo
                               k_scale_2d=k_scale_2d, positive=positive, layout=layout, what=what)
 
 
-def run_paged(kit: Kit, x: PagedInputs, *, clean: bool, what: str) -> torch.Tensor:
-    return runner.run_paged(kit.provider(PAGED), kit.draw, x, clean=clean, what=what)
+def run_paged(kit: Kit, x: PagedInputs, *, clean: bool, what: str,
+              schedule: torch.Tensor | None = None) -> torch.Tensor:
+    return runner.run_paged(kit.provider(PAGED), kit.draw, x, clean=clean, what=what, schedule=schedule)
 
 
 def paged_inputs(kit: Kit, batch: int, next_n: int, *, lens_2d: bool, positive: bool = False,
@@ -358,6 +359,23 @@ def test_paged(kit: Kit, batch: int, next_n: int, lens_2d: bool, clean: bool) ->
     arbitrary per-row lengths (2-D: zero, the whole context, decreasing within a sequence)."""
     x = paged_inputs(kit, batch, next_n, lens_2d=lens_2d)
     run_paged(kit, x, clean=clean, what=f"batch={batch} next_n={next_n}")
+
+
+@pytest.mark.parametrize("which", ["this step's", "another step's", "any table"])
+def test_paged_schedule_is_a_hint(kit: Kit, which: str) -> None:
+    """A decode step's schedule (mqa_core.paged_schedule) changes nothing in the logits: the step's
+    own, one from other lengths and an arbitrary int32 table of another program count all give the
+    oracle's values (a provider that does not name ``schedule`` never sees it)."""
+    from mqa_core import paged_schedule
+
+    x = paged_inputs(kit, 5, 2, lens_2d=True)
+    lens = x.context_lens.to(kit.device)
+    g = torch.Generator().manual_seed(kit.seed)
+    schedule = {"this step's": lambda: paged_schedule(lens, 7),
+                "another step's": lambda: paged_schedule(lens.flip(0) // 2 + 64, 7),
+                "any table": lambda: torch.randint(-3, 9, (12, 2), generator=g, dtype=torch.int32)}[which]()
+    run_paged(kit, x, clean=True, what=f"batch=5 next_n=2 schedule ({which}) {schedule.tolist()}",
+              schedule=schedule.to(kit.device))
 
 
 def test_paged_positive(kit: Kit) -> None:

@@ -146,16 +146,17 @@ def paged_inputs(draw: Draw, batch: int, next_n: int, h: int, d: int, context: i
                              pool_pad_bytes=pool_pad_bytes, device=draw.device)
 
 
-def run_paged(provider: Provider, draw: Draw, x: PagedInputs, *, clean: bool, what: str) -> torch.Tensor:
-    """One poisoned decode call on ``x``, checked against the oracle."""
+def run_paged(provider: Provider, draw: Draw, x: PagedInputs, *, clean: bool, what: str,
+              schedule: torch.Tensor | None = None) -> torch.Tensor:
+    """One poisoned decode call on ``x`` (with the call hint ``schedule``), checked against the oracle."""
     b, next_n, h, d = x.q.shape
     problem = Problem(b * next_n, x.max_context_len, h, d)
     lens = x.context_lens.tolist()
     case = draw.case(provider.name, PAGED,
                      f"{what} context_lens={'[B, next_n]' if x.context_lens.dim() == 2 else '[B]'}="
                      f"{lens} block_size={x.kv_cache.shape[1]} clean_logits={clean}", problem)
-    out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean),
-                                    draw.device)
+    out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean,
+                                                                          schedule=schedule), draw.device)
     check_paged(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout)
     return out
 
