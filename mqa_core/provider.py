@@ -38,16 +38,14 @@ def load_object(path: str) -> Any:
     return obj
 
 
-def _named_parameters(function: Any) -> frozenset[str]:
-    """The parameter names ``function`` declares by name (not ``*args`` / ``**kwargs``); none for a
-    missing function or one whose signature cannot be read."""
-    if function is None:
-        return frozenset()
+def _named_parameters(impl: Any, name: str) -> frozenset[str]:
+    """The parameter names ``impl.<name>`` declares by name (not ``*args`` / ``**kwargs``); none for a
+    missing function or one whose signature cannot be read (whatever a third party's object raises)."""
     try:
-        params = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
+        params = inspect.signature(getattr(impl, name)).parameters.values()
+        return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    except Exception:
         return frozenset()
-    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 class Provider:
@@ -73,8 +71,7 @@ class Provider:
         # The keyword parameters each of the kernel object's op and prepare_<op> functions names: the
         # call hints (a paged call's ``schedule``) they receive. Read once; a function whose signature
         # cannot be read receives none.
-        self._named = {name: _named_parameters(getattr(impl, name, None))
-                       for op in spec.ops for name in (op, f"prepare_{op}")}
+        self._named = {name: _named_parameters(impl, name) for op in spec.ops for name in (op, f"prepare_{op}")}
 
     @property
     def name(self) -> str:

@@ -134,3 +134,32 @@ def test_results_do_not_depend_on_the_schedule(y):
                            base)
     meta = deep_gemm.get_paged_mqa_logits_metadata(y.context_lens, 64, 8)
     assert torch.equal(deep_gemm.fp8_paged_mqa_logits(*y.args()[:5], meta, y.max_context_len, True), base)
+
+
+def test_a_kernel_whose_signature_cannot_be_read_gets_no_hints(y):
+    """inspect.signature of a third party's callable may raise anything: the provider still serves,
+    without hints."""
+    ref = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
+
+    class Opaque:
+        def __init__(self) -> None:
+            self.fp8_mqa_logits = ref.impl.fp8_mqa_logits
+            self.kwargs = []
+
+        def __call__(self, *args, **kwargs):
+            self.kwargs.append(sorted(kwargs))
+            return ref.impl.fp8_paged_mqa_logits(*args, **kwargs)
+
+        @property
+        def __signature__(self):
+            raise RuntimeError("no signature here")
+
+    class Kernels:
+        def __init__(self) -> None:
+            self.fp8_mqa_logits = ref.impl.fp8_mqa_logits
+            self.fp8_paged_mqa_logits = Opaque()
+
+    kernels = Kernels()
+    schedule = mqa_core.paged_schedule(y.context_lens, 3)
+    out = Provider(ref.spec, kernels).fp8_paged_mqa_logits(*y.args(), schedule=schedule)
+    assert kernels.fp8_paged_mqa_logits.kwargs == [["clean_logits"]] and calc_diff(out, y.reference()) < 1e-9
