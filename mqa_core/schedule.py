@@ -8,7 +8,7 @@ the same logits whatever its values, and providers that do not read one never se
 (:class:`mqa_core.Provider` passes ``schedule`` only to kernel functions that name it).
 
 Layout (DeepGEMM's shape): int32 ``[num_programs + 1, 2]``; row ``i`` is where program ``i`` of an even
-split of the batch's ``tile``-token tiles starts, as (sequence, tile within it); the last row is
+split of the batch's 64-token tiles starts, as (sequence, tile within it); the last row is
 ``(B, 0)``. A sequence's tile count comes from the last column of 2-D lengths (its longest row).
 """
 
@@ -22,7 +22,7 @@ __all__ = ["TILE", "paged_schedule", "schedule_problem"]
 TILE = 64
 
 
-def paged_schedule(context_lens: Any, num_sms: int | None = None, *, tile: int = TILE) -> Any:
+def paged_schedule(context_lens: Any, num_sms: int | None = None) -> Any:
     """The schedule of a decode step's ``context_lens`` (int32 [B] or [B, next_n]) over ``num_sms``
     programs (None: the multiprocessor count of ``context_lens``' CUDA device), on that device.
     Device ops only, no host synchronisation: capturable in a CUDA graph."""
@@ -36,11 +36,10 @@ def paged_schedule(context_lens: Any, num_sms: int | None = None, *, tile: int =
             raise TypeError(f"paged_schedule: context_lens is on {context_lens.device}; give num_sms (the "
                             "programs to split over) for a device that is not a CUDA GPU")
         num_sms = torch.cuda.get_device_properties(context_lens.device).multi_processor_count
-    for name, value in (("num_sms", num_sms), ("tile", tile)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise TypeError(f"paged_schedule: {name} must be a positive int; got {value!r}")
+    if not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1:
+        raise TypeError(f"paged_schedule: num_sms must be a positive int; got {num_sms!r}")
     longest = context_lens if context_lens.dim() == 1 else context_lens.max(dim=1).values
-    tiles = (longest.long().clamp(min=0) + tile - 1) // tile
+    tiles = (longest.long().clamp(min=0) + TILE - 1) // TILE
     ends = torch.cumsum(tiles, 0)
     total = ends[-1:] if ends.numel() else torch.zeros(1, dtype=torch.long, device=tiles.device)
     starts = torch.arange(num_sms + 1, device=tiles.device) * total // num_sms

@@ -12,6 +12,7 @@ import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -52,6 +53,11 @@ def paged_launcher(use_gluon: bool, device_index: int) -> tuple[Launcher, Callab
     return fp8_paged_mqa_logits_triton, prepare, False
 
 
+def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor | None, *args: Any) -> Any:
+    """``fn(*args)``, with ``schedule=`` where ``fn`` reads one (``reads``) and the call has one."""
+    return fn(*args) if schedule is None or not reads else fn(*args, schedule=schedule)
+
+
 @dataclass(frozen=True)
 class MqaKernels:
     #: Try the Gluon sm_90 kernel first (the ``gluon`` provider); False: always Triton (``triton``).
@@ -80,11 +86,9 @@ class MqaKernels:
                              clean_logits: bool = True, schedule: torch.Tensor | None = None) -> torch.Tensor:
         """``schedule`` (``mqa_core.paged_schedule``) is read by the Gluon sm_90 kernel, not by the
         Triton one; the logits are the same either way."""
-        launch, _, scheduled = paged_launcher(self.use_gluon, q.get_device())
-        if schedule is None or not scheduled:
-            return launch(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
-        return launch(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
-                      schedule=schedule)
+        launch, _, reads = paged_launcher(self.use_gluon, q.get_device())
+        return _with_schedule(launch, reads, schedule, q, kv_cache, weights, context_lens, block_tables,
+                              max_context_len, clean_logits)
 
     def prepare_fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                      context_lens: torch.Tensor, block_tables: torch.Tensor,
@@ -93,11 +97,9 @@ class MqaKernels:
         """mqa-core's optional per-signature call (docs/writing-a-provider.md): the device's decode
         launch with everything the signature fixes worked out once, or None where calls take the full
         path. It takes ``schedule`` as the call does."""
-        _, prepare, scheduled = paged_launcher(self.use_gluon, q.get_device())
-        if schedule is None or not scheduled:
-            return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
-        return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
-                       schedule=schedule)
+        _, prepare, reads = paged_launcher(self.use_gluon, q.get_device())
+        return _with_schedule(prepare, reads, schedule, q, kv_cache, weights, context_lens, block_tables,
+                              max_context_len, clean_logits)
 
 
 GLUON = MqaKernels(use_gluon=True)

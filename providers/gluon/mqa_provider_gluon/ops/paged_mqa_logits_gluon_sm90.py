@@ -842,12 +842,11 @@ class PreparedCall:
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
-            schedule: torch.Tensor | None = None) -> PreparedCall | None:
-    """The :class:`PreparedCall` for calls like this one (default config, a usable ``schedule`` or none)
-    once a call of its signature has bound a launch, else None (also for an empty output or pool: the
-    full path handles those)."""
+            scheduled: bool = False) -> PreparedCall | None:
+    """The :class:`PreparedCall` for calls like this one (default config; ``scheduled``: calls come
+    with a schedule this kernel reads) once a call of its signature has bound a launch, else None (also
+    for an empty output or pool: the full path handles those)."""
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
-    scheduled = _usable(schedule, q) is not None
     launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
                                       ptrs, scheduled))
     if launch is None or not launch.bound or not (q.shape[0] and max_context_len and kv_cache.shape[0]):
@@ -916,11 +915,12 @@ def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
                  schedule: torch.Tensor | None = None) -> Any:
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
+    scheduled = _usable(schedule, q) is not None
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                     _ptrs(q, kv_cache, weights, context_lens, block_tables), _usable(schedule, q) is not None)
+                     _ptrs(q, kv_cache, weights, context_lens, block_tables), scheduled)
     if key in _TRITON_ROUTE or not _batch_here(q):
         return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
-    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, schedule)
+    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, scheduled)
 
 
 def _multiprocessors(index: int | None) -> int:
