@@ -225,7 +225,10 @@ def num_sms(t: torch.Tensor) -> int:
     return torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 132
 
 
-def deepgemm_impl() -> tuple[Impl | None, str]:
+def deepgemm_impl(pdl: bool = False) -> tuple[Impl | None, str]:
+    """DeepGEMM's op at its defaults, or with ``pdl`` launched as a programmatic dependent launch
+    (``deep_gemm.set_pdl(True)`` around each call; off by default in DeepGEMM): the column to hold
+    against mqa-core's own PDL launch, so a gain that is only the launch mode shows as such."""
     try:
         import deep_gemm
     except Exception as exc:  # absent or broken build: say so, run the rest
@@ -234,7 +237,16 @@ def deepgemm_impl() -> tuple[Impl | None, str]:
 
     def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
         meta = deep_gemm.get_paged_mqa_logits_metadata(lens, BLOCK, sms)  # from these very lengths
-        return lambda c, t: deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
+        if not pdl:
+            return lambda c, t: deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
+
+        def call(c: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            deep_gemm.set_pdl(True)
+            try:
+                return deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
+            finally:
+                deep_gemm.set_pdl(False)
+        return call
 
     return bind, f"DeepGEMM from {os.path.dirname(deep_gemm.__file__)}, {sms} SMs"
 
@@ -555,6 +567,9 @@ def main() -> int:
     parser.add_argument("--gluon", default="",
                         help="comma-separated Gluon paged-kernel variants: ws, each optionally with "
                              "+field=INT GluonPagedConfig edits (e.g. ws+stages=16); default none")
+    parser.add_argument("--deepgemm-pdl", action="store_true",
+                        help="also time DeepGEMM launched as a programmatic dependent launch (set_pdl(True)), "
+                             "the launch mode mqa-core's Gluon kernel uses by default")
     parser.add_argument("--quick", action="store_true", help="three (B, C) groups only")
     parser.add_argument("--budget", type=float, default=105.0,
                         help="seconds from process start after which no new (B, C) group starts")
@@ -579,6 +594,8 @@ def main() -> int:
     dg, dg_note = deepgemm_impl() if DEVICE == "cuda" else (None, "DeepGEMM: not on the CPU")
     log(dg_note)
     impls: dict[str, Impl] = {"deepgemm": dg} if dg is not None else {}
+    if dg is not None and args.deepgemm_pdl:
+        impls["deepgemm+pdl"] = deepgemm_impl(pdl=True)[0]
     publics = public_impls()
     impls["mqa_core"] = publics["mqa_core"]
     impls["mqa_core+schedule"] = publics["mqa_core+schedule"]

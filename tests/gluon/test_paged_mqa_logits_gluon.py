@@ -73,6 +73,27 @@ def test_tma_destinations_are_128_byte_aligned(next_n, h, lens_2d):
     assert all(o % 128 == 0 for o in offsets), offsets
 
 
+@needs_gluon_api
+@pytest.mark.parametrize("clean,presplit", [(False, True), (True, False)])
+def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(clean, presplit):
+    """A programmatic dependent launch may start while the previous kernel still writes q, the
+    lengths or the memory our output reuses: the build launched that way must run
+    ``griddepcontrol.wait`` before the barrier that starts the partitions, and before any global
+    load or TMA copy; the plain build has no wait and is not launched as a dependent."""
+    import re
+
+    k = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit)
+    assert k.metadata.launch_pdl
+    lines = k.asm["ptx"].splitlines()
+    wait = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
+    assert len(wait) == 1, wait
+    start = next(i for i, line in enumerate(lines) if re.match(r"\s*barrier\.sync\s+1;", line))
+    first_read = next(i for i, line in enumerate(lines) if re.match(r"\s*(@%p\w+\s+)?(ld\.global|cp\.async\.bulk)", line))
+    assert wait[0] < start and wait[0] < first_read, (wait, start, first_read)
+    plain = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit, config=gp.GluonPagedConfig(pdl=0))
+    assert not plain.metadata.launch_pdl and "griddepcontrol" not in plain.asm["ptx"]
+
+
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
     with pytest.raises(ValueError, match="multiple of math_wgs"):
         gp.GluonPagedConfig(stages=7)

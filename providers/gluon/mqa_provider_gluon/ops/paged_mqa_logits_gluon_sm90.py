@@ -71,6 +71,11 @@ class GluonPagedConfig:
     math_regs: int | None = None
     loader_regs: int | None = None
     fill_regs: int | None = None
+    #: 1: launched as a programmatic dependent launch (PDL): the CTAs may start while the previous kernel
+    #: on the stream finishes, and every partition waits for that kernel (``griddepcontrol.wait``)
+    #: before its first global access, so the launch and the barrier set-up overlap its tail instead of
+    #: following it. 0: a plain launch.
+    pdl: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -484,12 +489,24 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
                 gl.store(row + pos, ninf, mask=pos < max_ctx)
 
 
+@_jit
+def _wait_prior_grid():
+    """A programmatic dependent launch's wait: returns once the previous kernel on the stream has
+    completed and its writes are visible. Run by the default partition after the barrier set-up and
+    before ``warp_specialize``, whose start releases the other partitions only after it: so no
+    partition touches global memory before the previous kernel is done (the inputs it wrote, the
+    output's memory it may still use). A no-op in a plain launch."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    gl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, $1;", "=r,r", [gl.zeros([1], gl.int32, lay)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
 @_jit_sizes
 def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr, out_ptr, num_seqs, max_ctx,
                      covered, num_blocks, stride_clb, stride_clj, stride_btb, stride_om, NEXT_N: gl.constexpr,
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
-                     FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
+                     FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
                      num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
@@ -515,6 +532,8 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
+    if PDL:
+        _wait_prior_grid()
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
     if MATH_WGS == 2:
         if CLEAN:
@@ -600,7 +619,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
-            "TRACE": bool(cfg.trace), "num_warps": 4}
+            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "num_warps": 4}
 
 
 def _pow2(n: int) -> bool:
@@ -799,7 +818,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
                                              context_lens, block_tables,
                                              context_lens if schedule is None else schedule, out, b,
                                              max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
-                                             *strides, out.stride(0), **constexprs)
+                                             *strides, out.stride(0), launch_pdl=bool(cfg.pdl), **constexprs)
     if launch is None:
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
@@ -954,4 +973,4 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
     aligned = ("cl_ptr", "bt_ptr", "out_ptr", "stride_btb", "stride_om")
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in aligned}
     return triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4})
+                          options={"num_warps": 4, "launch_pdl": bool(cfg.pdl)})
