@@ -331,6 +331,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     are read 32 at a time, the next 32 requested while the current ones are issued. With a schedule
     that has lead columns (PRESPLIT == 2) the first tiles' copies go out on the table's block ids
     before the block table is read (:func:`_lead`)."""
+    NQ: gl.constexpr = NEXT_N * H
     LEADS: gl.constexpr = LEAD_N if PRESPLIT == 2 and not TRACE else 0
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     if TRACE:
@@ -353,13 +354,8 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
                     mask=(ta + lane) * 64 < covered, other=0)
     skip = 0
-    q_early = va < 0  # False
     if LEADS > 0:
-        # the lead copies go out while the lengths and block ids above are on their way, after the
-        # first sequence's q (the math needs it first; a copy issued behind eight tiles lands behind them)
-        q_early = va < v_end
-        if q_early:
-            _copy_q(q_desc, w_desc, q_smem, w_smem, q_ready, q_empty, va, 0, NEXT_N, H)
+        # the lead copies go out while the lengths and block ids above are on their way
         n_lead = gl.minimum(gl.min(gl.where(lead < 0, lane, 32), 0), gl.minimum(LEADS, STAGES))
         for i in range(n_lead):
             _copy_tile(kv_desc, sc_desc, k_smem, sc_smem, ids, ready, gl.sum(gl.where(lane == i, lead, 0), 0),
@@ -375,8 +371,11 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
         first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (lane * 64) // BS,
                         mask=more & (lane * 64 < covered), other=0)
         # every sequence of the range gets its q slot (the math warpgroups wait for each)
-        if (v != va) | (not q_early):
-            _copy_q(q_desc, w_desc, q_smem, w_smem, q_ready, q_empty, v, qn, NEXT_N, H)
+        qs = qn % 2
+        mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
         qn += 1
         table = bt_ptr + v.to(gl.int64) * stride_btb
         for c in range(t_lo, t_hi, 32):
@@ -395,16 +394,6 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     if TRACE:
         _stamp(sched_ptr, 5, lay, False)
         _put_trace(sched_ptr, 12, gl.zeros([1], gl.int64, lay) + g, lay)
-
-
-@_jit
-def _copy_q(q_desc, w_desc, q_smem, w_smem, q_ready, q_empty, v, qn, NEXT_N: gl.constexpr, H: gl.constexpr):
-    """Sequence ``v``'s q rows and weights into q slot ``qn % 2``, once the math has released it."""
-    qs = qn % 2
-    mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
-    mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [v * (NEXT_N * H), 0], q_ready.index(qs), q_smem.index(qs))
-    tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
 
 
 @_jit
