@@ -337,11 +337,15 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     if TRACE:
         _stamp(sched_ptr, 13, lay, False)
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE, 2 + LEADS)
-    if TRACE:
-        _stamp(sched_ptr, 3, lay, False)
     lane = gl.arange(0, 32, layout=lay)
     if LEADS > 0:
         lead = gl.load(sched_ptr + gl.program_id(0) * (2 + LEADS) + 2 + lane, mask=lane < LEADS, other=-1)
+        n_lead = gl.minimum(gl.min(gl.where(lead < 0, lane, 32), 0), gl.minimum(LEADS, STAGES))
+        for i in range(n_lead):
+            _copy_tile(kv_desc, sc_desc, k_smem, sc_smem, ids, ready, gl.sum(gl.where(lane == i, lead, 0), 0),
+                       ((ta + i) * 64) % BS, i, lay)
+    if TRACE:
+        _stamp(sched_ptr, 3, lay, False)
     if PRESPLIT:
         n_va = gl.cdiv(_seq_hi(cl_ptr, va, va < num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
     else:
@@ -355,11 +359,6 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                     mask=(ta + lane) * 64 < covered, other=0)
     skip = 0
     if LEADS > 0:
-        # the lead copies go out while the lengths and block ids above are on their way
-        n_lead = gl.minimum(gl.min(gl.where(lead < 0, lane, 32), 0), gl.minimum(LEADS, STAGES))
-        for i in range(n_lead):
-            _copy_tile(kv_desc, sc_desc, k_smem, sc_smem, ids, ready, gl.sum(gl.where(lane == i, lead, 0), 0),
-                       ((ta + i) * 64) % BS, i, lay)
         skip, g = _lead(lead, first, n_lead, va, ta, vb, tb, v_end, n_va, ready, empty, split, lead_ready, lane, lay)
     for v in range(va, v_end):
         t_lo = gl.where(v == va, ta, 0)
@@ -481,11 +480,11 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     LEADS: gl.constexpr = LEAD_N if PRESPLIT == 2 and not TRACE else 0
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT and not TRACE, 2 + LEADS)
     g = 0
-    qn = 0
-    lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
     if LEADS > 0:  # the ring position of the range's first tile (the loader's lead check, _lead)
         mbarrier.wait(lead_ready.index(0), 0)
         g = _split_at(split, 5, idl)
+    qn = 0
+    lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
     for v in range(va, v_end):
         lens = lens_n
         more = v + 1 < v_end  # the next sequence's lengths, requested now
