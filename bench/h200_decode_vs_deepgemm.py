@@ -151,20 +151,21 @@ def triton_impls(names: list[str]) -> dict[str, Impl]:
 
 def gluon_impls(names: list[str]) -> dict[str, Impl]:
     """The warp-specialised Gluon kernel, per ``GluonPagedConfig`` (``ws``, with +field=INT edits; the
-    edit ``+schedule=1`` passes a split computed once per shape by ``paged_schedule``, outside the timed
-    calls as DeepGEMM's; ``+schedule=2`` one with each program's lead block ids, per block table)."""
+    edit ``+schedule=1`` passes a split computed once per shape by compat's
+    ``get_paged_mqa_logits_metadata``, outside the timed calls as DeepGEMM's)."""
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig, fp8_paged_mqa_logits_gluon
 
-    def make(cfg: Any, scheduled: int) -> Impl:
+    from mqa_core.compat.deep_gemm import get_paged_mqa_logits_metadata
+
+    def make(cfg: Any, scheduled: bool) -> Impl:
         def bind(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
-            step = step_schedules(lens, scheduled)
-            return lambda c, t: fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, clean, config=cfg, schedule=step(t))
+            s = get_paged_mqa_logits_metadata(lens, BLOCK, num_sms(lens)) if scheduled else None
+            return lambda c, t: fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, clean, config=cfg, schedule=s)
         return bind
 
-    def split(name: str) -> tuple[str, int]:
+    def split(name: str) -> tuple[str, bool]:
         base, *edits = name.split("+")
-        kinds = [int(e.partition("=")[2]) for e in edits if e in ("schedule=1", "schedule=2")]
-        return "+".join([base, *(e for e in edits if e not in ("schedule=1", "schedule=2"))]), max(kinds, default=0)
+        return "+".join([base, *(e for e in edits if e != "schedule=1")]), "schedule=1" in edits
 
     return {f"gluon:{name}": make(variant_config(split(name)[0], {"ws": GluonPagedConfig()}), split(name)[1])
             for name in names}
@@ -212,37 +213,11 @@ def public_impls() -> dict[str, Impl]:
         s = mqa_core.paged_schedule(lens, num_sms(lens))  # once per step, as an engine would
         return lambda c, t: mqa_core.fp8_paged_mqa_logits(q, c, w, lens, t, n, clean_logits=clean, schedule=s)
 
-    def lead(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
-        step = step_schedules(lens, 2)
-        return lambda c, t: mqa_core.fp8_paged_mqa_logits(q, c, w, lens, t, n, clean_logits=clean, schedule=step(t))
-
     def via_compat(q: torch.Tensor, w: torch.Tensor, lens: torch.Tensor, n: int, clean: bool) -> Call:
         meta = compat.get_paged_mqa_logits_metadata(lens, BLOCK, num_sms(lens))
         return lambda c, t: compat.fp8_paged_mqa_logits(q, c, w, lens, t, meta, n, clean)
 
-    return {"mqa_core": core, "mqa_core+schedule": scheduled, "mqa_core+lead": lead, "compat": via_compat}
-
-
-def step_schedules(lens: torch.Tensor, kind: int) -> Callable[[torch.Tensor], torch.Tensor | None]:
-    """block table -> the schedule a call with it gets: none (``kind`` 0), the step's split (1), or the
-    split with lead block ids (2), made on the first call with each table (outside the timed calls:
-    the checks and the warm-up make them). An engine's layers share one block table, so it makes one
-    per step; here each cache has its own table (so that the L2 cannot serve repeats)."""
-    import mqa_core
-
-    if kind == 0:
-        return lambda t: None
-    plain = mqa_core.paged_schedule(lens, num_sms(lens))
-    if kind == 1:
-        return lambda t: plain
-    made: dict[int, torch.Tensor] = {}
-
-    def get(t: torch.Tensor) -> torch.Tensor:
-        s = made.get(t.data_ptr())
-        if s is None:
-            s = made[t.data_ptr()] = mqa_core.paged_schedule(lens, num_sms(lens), block_tables=t)
-        return s
-    return get
+    return {"mqa_core": core, "mqa_core+schedule": scheduled, "compat": via_compat}
 
 
 def num_sms(t: torch.Tensor) -> int:
@@ -624,7 +599,6 @@ def main() -> int:
     publics = public_impls()
     impls["mqa_core"] = publics["mqa_core"]
     impls["mqa_core+schedule"] = publics["mqa_core+schedule"]
-    impls["mqa_core+lead"] = publics["mqa_core+lead"]
     impls.update(triton_impls(variants))
     gluon = [v for v in args.gluon.split(",") if v]
     impls.update(gluon_impls(gluon))

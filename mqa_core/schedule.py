@@ -10,35 +10,22 @@ the same logits whatever its values, and providers that do not read one never se
 Layout (DeepGEMM's shape): int32 ``[num_programs + 1, 2]``; row ``i`` is where program ``i`` of an even
 split of the batch's 64-token tiles starts, as (sequence, tile within it); the last row is
 ``(B, 0)``. A sequence's tile count comes from the last column of 2-D lengths (its longest row).
-
-Given the step's block table too, each row also carries the block ids of the program's first
-:data:`LEAD` tiles (``[num_programs + 1, 2 + LEAD]``; -1 past the program's tiles in its first
-sequence). The block table is the same for every layer of a step, so this costs nothing per call, and
-a kernel can start copying its first tiles before it has read the block table (round 14: one
-dependent read of global memory less before the first copy); a kernel that reads them still checks
-them against the block table, so the results never depend on them either.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LEAD", "TILE", "paged_schedule", "schedule_problem"]
+__all__ = ["TILE", "paged_schedule", "schedule_problem"]
 
 #: Tokens per tile of the split (the Gluon kernel's wgmma M; DeepGEMM's sm_90 block).
 TILE = 64
-#: Block ids per program of a schedule made with the block table: enough to fill a kernel's copy ring
-#: (eight 64-token tiles) while it reads the block table.
-LEAD = 8
 
 
-def paged_schedule(context_lens: Any, num_sms: int | None = None, *, block_tables: Any = None,
-                   block_size: int = TILE) -> Any:
+def paged_schedule(context_lens: Any, num_sms: int | None = None) -> Any:
     """The schedule of a decode step's ``context_lens`` (int32 [B] or [B, next_n]) over ``num_sms``
-    programs (None: the multiprocessor count of ``context_lens``' CUDA device), on that device; with
-    the step's ``block_tables`` (int32 [B, max_blocks] of ``block_size``-token blocks, the paged op's
-    argument), each program's first :data:`LEAD` block ids too. Device ops only, no host
-    synchronisation: capturable in a CUDA graph."""
+    programs (None: the multiprocessor count of ``context_lens``' CUDA device), on that device.
+    Device ops only, no host synchronisation: capturable in a CUDA graph."""
     import torch
 
     if not isinstance(context_lens, torch.Tensor) or context_lens.dtype != torch.int32 \
@@ -59,53 +46,19 @@ def paged_schedule(context_lens: Any, num_sms: int | None = None, *, block_table
     seq = torch.searchsorted(ends, starts, right=True)
     before = torch.cat([torch.zeros(1, dtype=torch.long, device=tiles.device), ends])[seq]
     at = torch.where(seq < tiles.numel(), starts - before, 0)
-    split = torch.stack([seq, at], dim=1)
-    if block_tables is not None:
-        split = torch.cat([split, _lead_ids(block_tables, block_size, tiles, seq, at, context_lens)], dim=1)
-    return split.to(torch.int32)
-
-
-def _lead_ids(block_tables: Any, block_size: Any, tiles: Any, seq: Any, at: Any, context_lens: Any) -> Any:
-    """[programs + 1, LEAD]: the block ids of tiles ``at[i] .. at[i] + LEAD - 1`` of sequence ``seq[i]``
-    while they are program i's (before program i + 1's start, within the sequence's tiles and the
-    table's width), -1 after; all -1 in the last row."""
-    import torch
-
-    b = tiles.numel()
-    if not isinstance(block_tables, torch.Tensor) or block_tables.dtype != torch.int32 or block_tables.dim() != 2 \
-            or block_tables.shape[0] != b or block_tables.device != context_lens.device:
-        raise TypeError(f"paged_schedule: block_tables must be int32 [B={b}, max_blocks] on {context_lens.device} "
-                        f"(the paged op's block table); got {_desc(block_tables)}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < TILE or block_size % TILE:
-        raise TypeError(f"paged_schedule: block_size must be a positive multiple of {TILE}; got {block_size!r}")
-    t = at[:-1, None] + torch.arange(LEAD, device=tiles.device)  # [programs, LEAD]
-    s = seq[:-1, None]
-    width = block_tables.shape[1]
-    mine = (s < b) & ((s < seq[1:, None]) | (t < at[1:, None]))  # before the next program's start
-    if b:
-        mine &= t < tiles[s.clamp(max=b - 1)]
-    col = t * TILE // block_size
-    mine &= col < width
-    if not (b and width):
-        ids = torch.full_like(t, -1)
-    else:
-        ids = block_tables[s.clamp(max=b - 1), col.clamp(max=width - 1)].long()
-    ids = torch.where(mine, ids, -1)
-    return torch.cat([ids, torch.full_like(ids[:1], -1)])
+    return torch.stack([seq, at], dim=1).to(torch.int32)
 
 
 def schedule_problem(schedule: Any, device: Any) -> str | None:
-    """None when ``schedule`` may go with a call on ``device`` (None, or int32 [programs + 1, 2] or
-    [programs + 1, 2 + LEAD] with programs >= 1 on that device), else what is wrong with it. Only the
-    layout: values are a hint."""
+    """None when ``schedule`` may go with a call on ``device`` (None, or int32 [programs + 1, 2] with
+    programs >= 1 on that device), else what is wrong with it. Only the layout: values are a hint."""
     if schedule is None:
         return None
     import torch
 
     if not isinstance(schedule, torch.Tensor) or schedule.dtype != torch.int32 or schedule.dim() != 2 \
-            or schedule.shape[1] not in (2, 2 + LEAD) or schedule.shape[0] < 2:
-        return (f"schedule must be None or int32 [num_programs + 1, 2] or [num_programs + 1, {2 + LEAD}] "
-                f"(paged_schedule); got {_desc(schedule)}")
+            or schedule.shape[1] != 2 or schedule.shape[0] < 2:
+        return f"schedule must be None or int32 [num_programs + 1, 2] (paged_schedule); got {_desc(schedule)}"
     if schedule.device != device:
         return f"schedule is on {schedule.device}, the call's tensors on {device}"
     return None

@@ -88,8 +88,7 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     wait = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     assert len(wait) == 1, wait
     start = next(i for i, line in enumerate(lines) if re.match(r"\s*barrier\.sync\s+1;", line))
-    first_read = next(i for i, line in enumerate(lines)
-                      if re.match(r"\s*(@%p\w+\s+)?(ld\.global|cp\.async\.bulk)", line))
+    first_read = next(i for i, line in enumerate(lines) if re.match(r"\s*(@%p\w+\s+)?(ld\.global|cp\.async\.bulk)", line))
     assert wait[0] < start and wait[0] < first_read, (wait, start, first_read)
     plain = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit, config=gp.GluonPagedConfig(pdl=0))
     assert not plain.metadata.launch_pdl and "griddepcontrol" not in plain.asm["ptx"]
@@ -200,46 +199,6 @@ def test_gpu_reads_a_precomputed_schedule(poisoned, batch, next_n, h, ctx, lens_
         gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=get_paged_mqa_logits_metadata(args[3], 64, sms - 1))
     with pytest.raises(ValueError, match="int32"):
         gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=schedule.long())
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("batch,next_n,h,ctx,lens_kind,block_size", [(6, 2, 64, 3000, "any", 64),
-                                                                     (300, 1, 32, 500, "1d", 64),
-                                                                     (40, 2, 32, 4100, "2d", 128),
-                                                                     (3, 1, 64, 40, "1d", 64)])
-@pytest.mark.parametrize("clean", [True, False])
-def test_gpu_lead_block_ids_are_checked_against_the_table(poisoned, batch, next_n, h, ctx, lens_kind, block_size,
-                                                           clean):
-    """A schedule with lead block ids (paged_schedule with the block table): the loader copies those
-    tiles before reading the block table, then checks them. Exact for the step's own schedule, and for
-    one made from other lengths, another block table, ids shifted by one or random, or a random
-    table: wrong leads are discarded, never computed on."""
-    from mqa_core import paged_schedule
-    from mqa_core.schedule import LEAD
-
-    inp = make_paged_inputs(batch, next_n, h, 128, ctx, lens_2d=lens_kind == "2d", seed=batch + 11,
-                            block_size=block_size)
-    lens = _arbitrary_lens(batch, next_n, ctx, seed=ctx + 1) if lens_kind == "any" else inp.context_lens.clone()
-    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, inp.block_tables, ctx)
-    tables = inp.block_tables.cuda()
-    args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables, ctx)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    own = paged_schedule(args[3], sms, block_tables=tables, block_size=block_size)
-    assert own.shape == (sms + 1, 2 + LEAD) and (own[:-1, 2] >= 0).any()
-    shifted = own.clone()
-    shifted[:, 2:] = torch.where(own[:, 2:] >= 0, own[:, 2:] + 1, -1)
-    schedules = [own, shifted,
-                 paged_schedule((lens // 3).cuda(), sms, block_tables=tables, block_size=block_size),
-                 paged_schedule(args[3], sms, block_tables=tables.flip(0), block_size=block_size),
-                 torch.cat([own[:, :2], torch.randint(-2, inp.kv_cache.shape[0] + 5, (sms + 1, LEAD), device="cuda",
-                                                     dtype=torch.int32)], 1),
-                 torch.randint(-5, batch + 3, (sms + 1, 2 + LEAD), dtype=torch.int32, device="cuda")]
-    for schedule in schedules:
-        for config in (None, gp.GluonPagedConfig(math_wgs=2, stages=4)):
-            check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config, schedule=schedule), ref, clean)
-    with pytest.raises(ValueError, match="int32"):
-        gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=own[:, :5].contiguous())
 
 
 @pytest.mark.cuda

@@ -42,8 +42,6 @@ from typing import Any
 
 import torch
 
-from mqa_core.schedule import LEAD as _SCHEDULE_LEAD
-
 from ..launch import bind, direct_launch_unsupported, hooks_active, residues
 from .mqa_logits_gluon_sm90 import gluon_supported
 from .paged_mqa_logits_triton import _device_facts, _launch_on, _row, fp8_paged_mqa_logits_triton
@@ -56,9 +54,6 @@ __all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_lo
 TILE = 64
 #: Sequences the split reads per step (SCHED / 32 per lane of each warp of the default partition).
 SCHED = 128
-#: Block ids per program a schedule with lead columns carries: the loader issues those tiles' copies as
-#: soon as it has read its table row, before the block table answers.
-LEAD = _SCHEDULE_LEAD
 
 @dataclasses.dataclass(frozen=True)
 class GluonPagedConfig:
@@ -72,8 +67,7 @@ class GluonPagedConfig:
     math_wgs: int = 4
     #: Registers per thread of the math partitions but the default one, of the loader and of the
     #: filler; None: 232 / 40 / 40 with two math warpgroups, 112 / 24 / 24 with four (what the register
-    #: file holds without spills at next_n * H = 128; AOT sm_90 builds, tests/gluon), the loader 32 where
-    #: it reads a schedule's lead block ids (24 spill there).
+    #: file holds without spills at next_n * H = 128; AOT sm_90 builds, tests/gluon).
     math_regs: int | None = None
     loader_regs: int | None = None
     fill_regs: int | None = None
@@ -108,7 +102,6 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
 
     _jit = gluon.jit
     SCHED_N = gl.constexpr(SCHED)
-    LEAD_N = gl.constexpr(LEAD)
     _jit_sizes = gluon.jit(do_not_specialize=["num_seqs", "max_ctx", "covered", "num_blocks"])
 except Exception:  # pragma: no cover - depends on the installed triton
 
@@ -266,7 +259,7 @@ def _get_range(split, split_ready, at: gl.constexpr, lay: gl.constexpr):
 
 
 @_jit
-def _table_range(sched_ptr, num_seqs, COLS: gl.constexpr):
+def _table_range(sched_ptr, num_seqs):
     """This CTA's range from a precomputed split (``sched_ptr``: [programs + 1, 2] int32, row i where
     program i starts as (sequence, tile), as ``mqa_core.paged_schedule`` writes it) as
     :func:`_get_range` returns the published one. The first program starts at (0, 0) and the last ends
@@ -276,22 +269,20 @@ def _table_range(sched_ptr, num_seqs, COLS: gl.constexpr):
     table that is not monotone only makes ranges overlap, whose cells get equal values twice)."""
     pid = gl.program_id(0)
     last = pid + 1 == gl.num_programs(0)
-    row = sched_ptr + pid * COLS
+    row = sched_ptr + pid * 2
     va = gl.minimum(gl.maximum(gl.load(row, mask=pid > 0, other=0), 0), num_seqs)
     ta = gl.maximum(gl.load(row + 1, mask=pid > 0, other=0), 0)
-    ve = gl.minimum(gl.maximum(gl.load(row + COLS, mask=not last, other=num_seqs), 0), num_seqs)
-    te = gl.where(ve < num_seqs, gl.maximum(gl.load(row + COLS + 1, mask=not last, other=0), 0), 0)
+    ve = gl.minimum(gl.maximum(gl.load(row + 2, mask=not last, other=num_seqs), 0), num_seqs)
+    te = gl.where(ve < num_seqs, gl.maximum(gl.load(row + 3, mask=not last, other=0), 0), 0)
     has = (ve > va) | ((ve == va) & (te > ta))
     return va, ta, gl.where(te > 0, ve, -1), te - 1, gl.where(has, ve + (te > 0).to(gl.int32), va)
 
 
 @_jit
-def _range(split, split_ready, sched_ptr, num_seqs, lay: gl.constexpr, PRESPLIT: gl.constexpr,
-           COLS: gl.constexpr):
-    """``(va, ta, vb, tb, v_end)``: this CTA's tiles, from the table (``COLS`` int32 a row) or as
-    published."""
+def _range(split, split_ready, sched_ptr, num_seqs, lay: gl.constexpr, PRESPLIT: gl.constexpr):
+    """``(va, ta, vb, tb, v_end)``: this CTA's tiles, from the table or as published."""
     if PRESPLIT:
-        r = _table_range(sched_ptr, num_seqs, COLS)
+        r = _table_range(sched_ptr, num_seqs)
     else:
         r = _get_range(split, split_ready, 0, lay)
     return r
@@ -324,32 +315,23 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 
 @_jit
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
-            split, split_ready, lead_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj,
-            stride_btb, NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr,
-            LENS_2D: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
+            split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
+            NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
-    are read 32 at a time, the next 32 requested while the current ones are issued. With a schedule
-    that has lead columns (PRESPLIT == 2) the first tiles' copies go out on the table's block ids
-    before the block table is read (:func:`_lead`)."""
+    are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
-    LEADS: gl.constexpr = LEAD_N if PRESPLIT == 2 and not TRACE else 0
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     if TRACE:
         _stamp(sched_ptr, 13, lay, False)
-    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE, 2 + LEADS)
-    lane = gl.arange(0, 32, layout=lay)
-    if LEADS > 0:
-        lead = gl.load(sched_ptr + gl.program_id(0) * (2 + LEADS) + 2 + lane, mask=lane < LEADS, other=-1)
-        n_lead = gl.minimum(gl.min(gl.where(lead < 0, lane, 32), 0), gl.minimum(LEADS, STAGES))
-        for i in range(n_lead):
-            _copy_tile(kv_desc, sc_desc, k_smem, sc_smem, ids, ready, gl.sum(gl.where(lane == i, lead, 0), 0),
-                       ((ta + i) * 64) % BS, i, lay)
+    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE)
     if TRACE:
         _stamp(sched_ptr, 3, lay, False)
     if PRESPLIT:
         n_va = gl.cdiv(_seq_hi(cl_ptr, va, va < num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
     else:
         n_va = _split_at(split, 5, lay)
+    lane = gl.arange(0, 32, layout=lay)
     g = 0
     qn = 0
     # What each sequence starts with (its tile count, its first 32 block ids) is requested one sequence
@@ -357,9 +339,6 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     tiles = n_va
     first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
                     mask=(ta + lane) * 64 < covered, other=0)
-    skip = 0
-    if LEADS > 0:
-        skip, g = _lead(lead, first, n_lead, va, ta, vb, tb, v_end, n_va, ready, empty, split, lead_ready, lane, lay)
     for v in range(va, v_end):
         t_lo = gl.where(v == va, ta, 0)
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
@@ -379,12 +358,18 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
         table = bt_ptr + v.to(gl.int64) * stride_btb
         for c in range(t_lo, t_hi, 32):
             nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
-            # the lead tiles (the first of the range) are in flight already
-            for i in range(gl.where((v == va) & (c == t_lo), skip, 0), gl.minimum(32, t_hi - c)):
+            for i in range(gl.minimum(32, t_hi - c)):
                 blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
                 s = g % STAGES
                 mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
-                _copy_tile(kv_desc, sc_desc, k_smem, sc_smem, ids, ready, blk, ((c + i) * 64) % BS, s, lay)
+                ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
+                mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
+                off = ((c + i) * 64) % BS
+                # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them.
+                # The [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes).
+                box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
+                tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
+                tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
                 if TRACE:
                     if g == 0:
                         _stamp(sched_ptr, 4, lay, False)
@@ -393,42 +378,6 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     if TRACE:
         _stamp(sched_ptr, 5, lay, False)
         _put_trace(sched_ptr, 12, gl.zeros([1], gl.int64, lay) + g, lay)
-
-
-@_jit
-def _copy_tile(kv_desc, sc_desc, k_smem, sc_smem, ids, ready, blk, off, s, lay: gl.constexpr):
-    """One tile into ring slot ``s``: the values of block ``blk`` from token ``off`` ([1, 64, D] box)
-    and their scales ([1, 64] box), with ``blk`` in ``ids[s]`` for the math's mask. Ids outside
-    [0, num_blocks) read zeros (TMA bounds), which the math masks."""
-    ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
-    mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
-    # the [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes)
-    box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
-    tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
-    tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s))
-
-
-@_jit
-def _lead(lead, first, n_lead, va, ta, vb, tb, v_end, n_va, ready, empty, split, lead_ready, lane,
-          lay: gl.constexpr):
-    """After the lead copies (ring slots 0 .. n_lead - 1, on the table's ids ``lead``): were they the
-    range's first tiles? They were when the block table (``first``: the ids of tiles ``ta + lane`` of
-    sequence ``va``) agrees and the range has that many tiles in ``va``; then the math takes them as
-    ring positions 0 .. n_lead - 1. Otherwise (a table of another step, or any other table) the loader
-    waits for them to land, releases their slots itself and the math starts at ring position n_lead,
-    so the results never depend on the table. Publishes the math's first ring position in
-    ``split[5]`` behind ``lead_ready``; returns (tiles of ``va`` already in flight, the loader's next
-    ring position)."""
-    t_hi = gl.where(va == vb, gl.minimum(tb + 1, n_va), n_va)
-    wrong = gl.sum(gl.where((lane < n_lead) & (lead != first), 1, 0), 0)
-    good = (wrong == 0) & ((n_lead == 0) | ((va < v_end) & (n_lead <= t_hi - ta)))
-    if not good:
-        for i in range(n_lead):
-            mbarrier.wait(ready.index(i), 0)
-            mbarrier.arrive(empty.index(i), count=1)
-    split.index(5).store(gl.zeros([1], gl.int32, lay) + gl.where(good, 0, n_lead))
-    mbarrier.arrive(lead_ready.index(0), count=1)
-    return gl.where(good, n_lead, 0), n_lead
 
 
 @_jit
@@ -450,8 +399,7 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, lead_ready,
-          sched_ptr, cl_ptr,
+def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
@@ -477,12 +425,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                      CLEAN, PRESPLIT and not TRACE)
         if TRACE:
             _stamp(sched_ptr, 2, idl, False)
-    LEADS: gl.constexpr = LEAD_N if PRESPLIT == 2 and not TRACE else 0
-    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT and not TRACE, 2 + LEADS)
+    va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT and not TRACE)
     g = 0
-    if LEADS > 0:  # the ring position of the range's first tile (the loader's lead check, _lead)
-        mbarrier.wait(lead_ready.index(0), 0)
-        g = _split_at(split, 5, idl)
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
     for v in range(va, v_end):
@@ -581,9 +525,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     split = gl.allocate_shared_memory(gl.int32, [11, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     split_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    lead_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(split_ready.index(0), count=1)
-    mbarrier.init(lead_ready.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
@@ -597,71 +539,67 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, lead_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs,
-                           covered, stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT,
-                           TRACE)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, lead_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs,
-                           covered, stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT,
-                           TRACE)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, lead_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs,
-                           covered, stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT,
-                           TRACE)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          lead_ready, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, lead_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs,
-                           covered, stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT,
-                           TRACE)),
+                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -675,12 +613,12 @@ def _layouts(d: int, nq: int) -> tuple[Any, Any, Any]:
 
 
 def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, lens_2d: bool,
-                clean: bool, presplit: int = 0) -> dict[str, Any]:
+                clean: bool, presplit: bool = False) -> dict[str, Any]:
     two = cfg.math_wgs == 2
     return {"NEXT_N": next_n, "H": h, "BS": block_size, "STAGES": cfg.stages, "MATH_WGS": cfg.math_wgs,
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
-            "LOADER_REGS": cfg.loader_regs or (40 if two else 32 if presplit == 2 else 24),
-            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": int(presplit),
+            "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
+            "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "num_warps": 4}
 
 
@@ -765,7 +703,7 @@ _LAUNCHES_MAX = 256
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
                tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None,
-               ptrs: tuple[int, ...], presplit: int = 0) -> tuple[Any, ...]:
+               ptrs: tuple[int, ...], presplit: bool = False) -> tuple[Any, ...]:
     """What the compiled kernel and its launch depend on: device, dtypes, sizes but B and the pool's
     block count, every stride (Triton specialises the stride arguments), the five pointers' 16-byte
     residues (``ptrs``: q, pool, weights, lengths, tables), the clean mode and the config."""
@@ -829,20 +767,17 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
             raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs,
-                     _table_kind(schedule))
+                     schedule is not None)
     return _call(_LAUNCHES.get(key), key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len,
                  clean_logits, config, schedule)
 
 
 def schedule_unsupported(schedule: torch.Tensor, device: torch.device) -> str | None:
-    """None when ``schedule`` is a split this kernel reads: int32 [programs + 1, 2] or, with each
-    program's first block ids, [programs + 1, 2 + LEAD] (``mqa_core.paged_schedule``), contiguous, on
-    the call's device, one program per multiprocessor (the grid)."""
+    """None when ``schedule`` is a split this kernel reads: int32 [programs + 1, 2], contiguous, on the
+    call's device, one program per multiprocessor (the grid)."""
     want = _multiprocessors(device.index) + 1
-    if schedule.dtype != torch.int32 or schedule.dim() != 2 or schedule.shape[1] not in (2, 2 + LEAD) \
-            or not schedule.is_contiguous():
-        return (f"the schedule must be contiguous int32 [{want}, 2] or [{want}, {2 + LEAD}]; got {schedule.dtype} "
-                f"{list(schedule.shape)}")
+    if schedule.dtype != torch.int32 or schedule.dim() != 2 or schedule.shape[1] != 2 or not schedule.is_contiguous():
+        return f"the schedule must be contiguous int32 [{want}, 2]; got {schedule.dtype} {list(schedule.shape)}"
     if schedule.device != device:
         return f"the schedule is on {schedule.device}, the call on {device}"
     if schedule.shape[0] != want:
@@ -875,7 +810,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     cfg = config or GluonPagedConfig()
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
-    constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, _table_kind(schedule))
+    constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
     with torch.cuda.device(q.device):
@@ -908,10 +843,9 @@ class PreparedCall:
     max_context_len: int
     clean_logits: bool
     residues: tuple[int, ...] | None
-    #: The launch reads a schedule (:func:`_table_kind`: 1 the split, 2 with lead block ids): calls of this
-    #: signature come with one of that layout that :func:`schedule_unsupported` accepts (mqa-core's
-    #: signature holds the schedule's layout); 0: a call given one ignores it.
-    scheduled: int = 0
+    #: The launch reads a schedule: calls of this signature come with one that :func:`schedule_unsupported`
+    #: accepts (mqa-core's signature holds the schedule's layout); without, a call given one ignores it.
+    scheduled: bool = False
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, schedule: torch.Tensor | None = None) -> torch.Tensor:
@@ -927,7 +861,7 @@ class PreparedCall:
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
-            scheduled: int = 0) -> PreparedCall | None:
+            scheduled: bool = False) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one (default config; ``scheduled``: calls come
     with a schedule this kernel reads) once a call of its signature has bound a launch, else None (also
     for an empty output or pool: the full path handles those)."""
@@ -939,12 +873,6 @@ def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, cont
     return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
                         _tail(launch, q, kv_cache, block_tables, max_context_len), max_context_len,
                         bool(clean_logits), residues(ptrs), scheduled)
-
-
-def _table_kind(schedule: torch.Tensor | None) -> int:
-    """What the kernel reads of a schedule :func:`schedule_unsupported` accepts: 0 none, 1 the split
-    ([programs + 1, 2]), 2 the split and each program's first block ids ([programs + 1, 2 + LEAD])."""
-    return 0 if schedule is None else 1 if schedule.shape[1] == 2 else 2
 
 
 def _usable(schedule: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
@@ -990,7 +918,7 @@ def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: 
                                            clean_logits)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     schedule = _usable(schedule, q)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, _table_kind(schedule))
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, schedule is not None)
     launch = _LAUNCHES.get(key)
     if launch is None and (key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables)):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
@@ -1006,7 +934,7 @@ def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
                  schedule: torch.Tensor | None = None) -> Any:
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
-    scheduled = _table_kind(_usable(schedule, q))
+    scheduled = _usable(schedule, q) is not None
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
                      _ptrs(q, kv_cache, weights, context_lens, block_tables), scheduled)
     if key in _TRITON_ROUTE or not _batch_here(q):
@@ -1019,9 +947,9 @@ def _multiprocessors(index: int | None) -> int:
 
 
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
-                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: int = 0) -> Any:
+                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: bool = False) -> Any:
     """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``).
-    ``presplit``: the build that reads a precomputed schedule (1; 2: one with lead columns)."""
+    ``presplit``: the build that reads a precomputed schedule."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
