@@ -14,7 +14,11 @@ memory system busy by itself:
   N = next_n * H query rows, K = D, then relu, the weight FMA, the head sum, the scale, the
   visibility mask and the store (four epilogues in flight are what the next_n = 2, H = 64 class needs);
 - with ``clean_logits`` a one-warp **filler** writes the ``-inf`` tails (tiles past each sequence's
-  context) while the others work.
+  context) while the others work;
+- it is launched as a programmatic dependent launch: its CTAs may start (and set up their barriers)
+  while the previous kernel on the stream finishes, and wait for it (``griddepcontrol.wait``) before
+  any partition touches global memory (round 14: DeepGEMM's kernel waits the same way, where an engine
+  turns its PDL on).
 
 The batch's visible tiles are split evenly over the CTAs from the context lengths on the device, as
 the Triton kernel does: no schedule buffer, no second launch, no host synchronisation, so it is
