@@ -88,7 +88,8 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     wait = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
     assert len(wait) == 1, wait
     start = next(i for i, line in enumerate(lines) if re.match(r"\s*barrier\.sync\s+1;", line))
-    first_read = next(i for i, line in enumerate(lines) if re.match(r"\s*(@%p\w+\s+)?(ld\.global|cp\.async\.bulk)", line))
+    first_read = next(i for i, line in enumerate(lines)
+                      if re.match(r"\s*(@%p\w+\s+)?(ld\.global|cp\.async\.bulk)", line))
     assert wait[0] < start and wait[0] < first_read, (wait, start, first_read)
     plain = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit, config=gp.GluonPagedConfig(pdl=0))
     assert not plain.metadata.launch_pdl and "griddepcontrol" not in plain.asm["ptx"]

@@ -76,9 +76,10 @@ class GluonPagedConfig:
     loader_regs: int | None = None
     fill_regs: int | None = None
     #: 1: launched as a programmatic dependent launch (PDL): the CTAs may start while the previous kernel
-    #: on the stream finishes, and every partition waits for that kernel (``griddepcontrol.wait``)
-    #: before its first global access, so the launch and the barrier set-up overlap its tail instead of
-    #: following it. 0: a plain launch.
+    #: on the stream finishes and set up their barriers; the default partition then waits for that
+    #: kernel (``griddepcontrol.wait``) before ``warp_specialize`` starts the partitions, so none
+    #: touches global memory earlier. The launch overlaps the previous kernel's tail instead of
+    #: following it (round 14). 0: a plain launch.
     pdl: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
