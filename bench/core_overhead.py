@@ -289,7 +289,12 @@ def _measure(op_name: str, p: Any, args: tuple[Any, ...], vary: int, op: Any, ba
     # The public call's arguments: prefill passes kv as a (k, k_scale) tuple.
     g["a"] = (args[0], (args[1], args[2]), *args[3:]) if op_name == "fp8_mqa_logits" else args
     g["o"] = args
+    extra = {}
+    if op_name == "fp8_paged_mqa_logits":  # the same call with a decode step's schedule (a hint)
+        g["sched"] = mqa_core.paged_schedule(args[3], 132)
+        extra["api_schedule"] = ("mqa_core.fp8_paged_mqa_logits(*a, clean_logits=True, schedule=sched)", g)
     r = interleaved({
+        **extra,
         "empty": (f"torch.empty(({m}, {n}), dtype=f32, device=dev)", g),
         "kernel": (f"impl.{op_name}(*a, clean_logits=True)", g),
         "provider": (f"p.{op_name}(*a, clean_logits=True)", g),
@@ -374,6 +379,11 @@ def print_hot(res: dict[str, Any]) -> None:
         o = {k: v / 1e3 for k, v in res[shape]["per_op"].items()}
         print(f"  {shape}: {o['eager']:.2f} / {o['compiled']:.2f}; {o['bare_eager']:.2f} / {o['bare_compiled']:.2f}; "
               f"{o['beyond_bare_eager']:.2f} / {o['beyond_bare_compiled']:.2f}")
+    paged = res["paged"]
+    if "api_schedule" in paged:
+        print(f"paged with a decode step's schedule (mqa_core.fp8_paged_mqa_logits(..., schedule=)): "
+              f"{paged['api_schedule'] / 1e3:.2f} us, {(paged['api_schedule'] - paged['api']) / 1e3:+.2f} us over "
+              "mqa_core.<op> without (the no-op kernel names no schedule: the core's cost of the hint)")
     print(f"shapes: prefill {res['shapes']['prefill']}; paged {res['shapes']['paged']}; "
           f"{res['rounds']} rounds x {res['number']} calls, interleaved")
 

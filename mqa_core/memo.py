@@ -130,19 +130,6 @@ def _paged_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bo
     result.check_paged_values(out, args[3], args[0].shape[1], clean_logits, spec)
 
 
-#: The hints of a call without any (shared: never written).
-NO_HINTS: dict[str, Any] = {}
-
-
-def _mqa_hints(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    return args, NO_HINTS
-
-
-def _paged_hints(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    schedule = args[6]
-    return args[:6], NO_HINTS if schedule is None else {"schedule": schedule}
-
-
 def _mqa_pair(args: tuple[Any, ...]) -> Pair:
     return dtype_name(args[0].dtype), dtype_name(args[1][0].dtype)
 
@@ -166,10 +153,20 @@ class Op:
     values: Callable[[Any, Any, tuple[Any, ...], bool, ProviderSpec], None]
     #: args -> the (q, k) dtype pair a provider is chosen on
     pair: Callable[[tuple[Any, ...]], Pair]
-    #: args -> (the kernel function's positional arguments, the hints: keyword arguments a kernel
-    #: function receives only where it names them, as pluggy passes a hook only the arguments it takes)
-    hints: Callable[[tuple[Any, ...]], tuple[tuple[Any, ...], dict[str, Any]]]
+    #: How many of ``args`` the kernel function takes positionally; the rest are the call's hints.
+    positional: int
+    #: The hints' names, in their order in ``args`` after the positional ones: keyword arguments a
+    #: kernel function receives only where it names them (and the call gives one, not None), as pluggy
+    #: passes a hook only the arguments it takes.
+    hint_names: tuple[str, ...] = ()
+
+    @property
+    def prepare(self) -> str:
+        """The name of the kernel object's optional ``prepare_<op>`` function."""
+        return f"prepare_{self.name}"
 
 
-MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, _mqa_hints)
-PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, _paged_hints)
+MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5)
+PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, 6, ("schedule",))
+#: The ops by name.
+OPS = {MQA.name: MQA, PAGED.name: PAGED}

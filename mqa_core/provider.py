@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import ProviderResultError
-from .memo import MQA, PAGED, Op, Signature, remember
+from .memo import MQA, OPS, PAGED, Op, Signature, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ PreparedCall = Callable[..., Any]
 #: What a memo table holds per signature, for both ops and in every table (the public ops' and a
 #: provider's own): the checks' problem, the provider serving it, its prepared call or None.
 Entry = tuple[Problem, "Provider", PreparedCall | None]
+#: The hints a kernel function takes: (name, index in the op's ``args``) for each it names.
+Takes = tuple[tuple[str, int], ...]
+#: The keyword arguments of a call that hands a kernel function no hint (shared: never written).
+NO_HINTS: dict[str, Any] = {}
 
 
 def load_object(path: str) -> Any:
@@ -48,11 +52,22 @@ def _named_parameters(impl: Any, name: str) -> frozenset[str]:
         return frozenset()
 
 
+def _takes(impl: Any, name: str, op: Op) -> Takes:
+    """The hints of ``op`` that ``impl.<name>`` names, with where each is in the op's ``args``."""
+    named = _named_parameters(impl, name)
+    return tuple((h, op.positional + i) for i, h in enumerate(op.hint_names) if h in named)
+
+
+def _hints(takes: Takes, args: tuple[Any, ...]) -> dict[str, Any]:
+    """The keyword arguments a kernel function that takes ``takes`` gets: the hints the call gives."""
+    return {h: args[i] for h, i in takes if args[i] is not None} if takes else NO_HINTS
+
+
 class Provider:
     """What :func:`mqa_core.get_provider` returns. Calls are validated, passed to the kernel, and its
     result is checked."""
 
-    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged", "_named")
+    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged", "_takes")
 
     def __init__(self, spec: ProviderSpec, impl: Any, validate_full: bool = False) -> None:
         for op in spec.ops:
@@ -68,10 +83,11 @@ class Provider:
         # (mqa_core.memo); None under MQA_VALIDATE=full. The registry makes a new provider per state.
         self._passed_mqa: dict[Signature, Entry] | None = None if validate_full else {}
         self._passed_paged: dict[Signature, Entry] | None = None if validate_full else {}
-        # The keyword parameters each of the kernel object's op and prepare_<op> functions names: the
-        # call hints (a paged call's ``schedule``) they receive. Read once; a function whose signature
-        # cannot be read receives none.
-        self._named = {name: _named_parameters(impl, name) for op in spec.ops for name in (op, f"prepare_{op}")}
+        # The call hints (a paged call's ``schedule``) each of the kernel object's op and prepare_<op>
+        # functions receives: those it names. Read once; a function whose signature cannot be read
+        # receives none.
+        self._takes: dict[str, Takes] = {name: _takes(impl, name, OPS[op]) for op in spec.ops if op in OPS
+                                         for name in (op, OPS[op].prepare)}
 
     @property
     def name(self) -> str:
@@ -133,13 +149,12 @@ class Provider:
         the signature has passed the checks and run: ``impl.prepare_<op>(*args, clean_logits=...)``
         where the kernel object has one, else None. Later calls with the same signature hand it the
         op's five tensor arguments instead of calling ``impl.<op>`` (its result checked all the same)."""
-        name = f"prepare_{op.name}"
+        name = op.prepare
         prepare = getattr(self.impl, name, None)
         if prepare is None:
             return None
-        pos, hints = op.hints(args)
         try:
-            prepared = prepare(*pos, clean_logits=clean_logits, **self._hints(name, hints))
+            prepared = prepare(*args[:op.positional], clean_logits=clean_logits, **_hints(self._takes[name], args))
         except (Exception, SystemExit) as exc:  # optional: a failure costs the shortcut, not the call
             self._no_shortcut(op, f"{name} raised {type(exc).__name__}: {exc}")
             return None
@@ -147,11 +162,6 @@ class Provider:
             self._no_shortcut(op, f"{name} returned {type(prepared).__name__}, not a callable or None")
             return None
         return prepared
-
-    def _hints(self, function: str, hints: dict[str, Any]) -> dict[str, Any]:
-        """The hints the kernel object's ``function`` names."""
-        named = self._named[function]
-        return {k: v for k, v in hints.items() if k in named}
 
     def _no_shortcut(self, op: Op, what: str) -> None:
         warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): {what}; its "
@@ -163,15 +173,13 @@ class Provider:
         through ``prepared`` (what :meth:`prepare` returned for this call's signature) when there is
         one, and the check of its result. The call's hints go to the functions that name them (a
         prepared call gets those its ``prepare_<op>`` names)."""
-        pos, hints = op.hints(args)
         try:
             if prepared is None:
-                out = getattr(self.impl, op.name)(*pos, clean_logits=clean_logits,
-                                                  **(self._hints(op.name, hints) if hints else hints))
-            elif hints:
-                out = prepared(*pos[:5], **self._hints(f"prepare_{op.name}", hints))
-            else:  # the per-call path of a remembered signature without hints
-                out = prepared(*pos[:5])
+                out = getattr(self.impl, op.name)(*args[:op.positional], clean_logits=clean_logits,
+                                                  **_hints(self._takes[op.name], args))
+            else:  # the per-call path of a remembered signature
+                takes = self._takes[op.prepare]
+                out = prepared(*args[:5], **_hints(takes, args)) if takes else prepared(*args[:5])
         except SystemExit as exc:  # a kernel must not end the caller's process
             raise self._exited(op.name, exc) from exc
         self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)
