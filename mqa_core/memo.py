@@ -29,7 +29,7 @@ so the per-call path takes no lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import validate
@@ -159,11 +159,12 @@ class Op:
     #: kernel function receives only where it names them (and the call gives one, not None), as pluggy
     #: passes a hook only the arguments it takes.
     hint_names: tuple[str, ...] = ()
+    #: The name of the kernel object's optional ``prepare_<op>`` function (set from ``name``; a field, not
+    #: a property: the per-call path reads it).
+    prepare: str = field(init=False)
 
-    @property
-    def prepare(self) -> str:
-        """The name of the kernel object's optional ``prepare_<op>`` function."""
-        return f"prepare_{self.name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prepare", f"prepare_{self.name}")
 
 
 MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5)
