@@ -169,5 +169,5 @@ class Op:
 
 MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5)
 PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, 6, ("schedule",))
-#: The ops by name.
-OPS = {MQA.name: MQA, PAGED.name: PAGED}
+#: The ops by name (``mqa_core.spec.OPS`` lists the names a spec may declare).
+OP_BY_NAME = {MQA.name: MQA, PAGED.name: PAGED}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import ProviderResultError
-from .memo import MQA, OPS, PAGED, Op, Signature, remember
+from .memo import MQA, OP_BY_NAME, PAGED, Op, Signature, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ class Provider:
         # The call hints (a paged call's ``schedule``) each of the kernel object's op and prepare_<op>
         # functions receives: those it names. Read once; a function whose signature cannot be read
         # receives none.
-        self._takes: dict[str, Takes] = {name: _takes(impl, name, OPS[op]) for op in spec.ops if op in OPS
-                                         for name in (op, OPS[op].prepare)}
+        self._takes: dict[str, Takes] = {name: _takes(impl, name, OP_BY_NAME[op]) for op in spec.ops
+                                         for name in (op, OP_BY_NAME[op].prepare)}
 
     @property
     def name(self) -> str:

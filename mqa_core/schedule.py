@@ -30,7 +30,8 @@ def paged_schedule(context_lens: Any, num_sms: int | None = None) -> Any:
 
     if not isinstance(context_lens, torch.Tensor) or context_lens.dtype != torch.int32 \
             or context_lens.dim() not in (1, 2):
-        raise TypeError(f"paged_schedule: context_lens must be int32 [B] or [B, next_n]; got {_desc(context_lens)}")
+        raise TypeError("paged_schedule: context_lens must be int32 [B] or [B, next_n]; "
+                        f"got {describe(context_lens)}")
     if num_sms is None:
         if context_lens.device.type != "cuda":
             raise TypeError(f"paged_schedule: context_lens is on {context_lens.device}; give num_sms (the "
@@ -58,13 +59,14 @@ def schedule_problem(schedule: Any, device: Any) -> str | None:
 
     if not isinstance(schedule, torch.Tensor) or schedule.dtype != torch.int32 or schedule.dim() != 2 \
             or schedule.shape[1] != 2 or schedule.shape[0] < 2:
-        return f"schedule must be None or int32 [num_programs + 1, 2] (paged_schedule); got {_desc(schedule)}"
+        return f"schedule must be None or int32 [num_programs + 1, 2] (paged_schedule); got {describe(schedule)}"
     if schedule.device != device:
         return f"schedule is on {schedule.device}, the call's tensors on {device}"
     return None
 
 
-def _desc(t: Any) -> str:
+def describe(t: Any) -> str:
+    """An argument as error messages name it: dtype, shape and device of a tensor, else its type."""
     import torch
 
     if isinstance(t, torch.Tensor):

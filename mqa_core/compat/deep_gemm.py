@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 import mqa_core
-from mqa_core.schedule import _desc, paged_schedule
+from mqa_core.schedule import describe, paged_schedule
 
 __all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata"]
 
@@ -104,6 +104,6 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     if not isinstance(schedule_meta, torch.Tensor) or schedule_meta.dtype != torch.int32 \
             or schedule_meta.dim() != 2 or schedule_meta.shape[1] != 2 or schedule_meta.shape[0] < 2:
         raise TypeError("fp8_paged_mqa_logits: schedule_meta must be int32 [num_sms + 1, 2] (from "
-                        f"get_paged_mqa_logits_metadata); got {_desc(schedule_meta)}")
+                        f"get_paged_mqa_logits_metadata); got {describe(schedule_meta)}")
     return mqa_core.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table,
                                          max_context_len, clean_logits=clean_logits, schedule=schedule_meta)
