@@ -95,6 +95,39 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     assert not plain.metadata.launch_pdl and "griddepcontrol" not in plain.asm["ptx"]
 
 
+@needs_gluon_api
+@pytest.mark.parametrize("clean,presplit,trigger", [(False, True, 1), (True, False, 0)])
+def test_pdl_2_waits_in_every_partition_before_its_global_memory(clean, presplit, trigger):
+    """``pdl=2`` moves the wait into each partition, after warp_specialize's register hand-over: in the
+    TTGIR each region (the default math warpgroup, the other three, the loader, with CLEAN the filler)
+    waits once, before any global load, store or TMA copy. With ``trigger`` each wait is followed by
+    the launch of the next kernel, and only then."""
+    import re
+
+    cfg = gp.GluonPagedConfig(pdl=2, trigger=trigger)
+    asm = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit, config=cfg).asm
+    ttgir = asm["ttgir"]
+    body = ttgir[ttgir.index("ttg.warp_specialize("):]
+    regions = re.split(r"\n\s*(?:default \{|partition\d+\()", body)[1:]
+    assert len(regions) == (6 if clean else 5)
+    for region in regions:
+        wait = region.find("griddepcontrol.wait")
+        assert wait >= 0 and region.count("griddepcontrol.wait") == 1
+        memory = [m.start() for m in re.finditer(r"tt\.load|tt\.store|async_tma_copy_global_to_local", region)]
+        assert memory and wait < min(memory), (wait, memory[:3])
+    assert ttgir.count("griddepcontrol.wait") == len(regions)
+    assert ttgir.count("launch_dependents") == (len(regions) if trigger else 0)
+    waits = [line for line in asm["ptx"].splitlines() if "griddepcontrol.wait" in line]
+    assert len(waits) == len(regions) and all(("launch_dependents" in w) == bool(trigger) for w in waits)
+
+
+def test_config_rejects_a_trigger_without_pdl():
+    with pytest.raises(ValueError, match="trigger"):
+        gp.GluonPagedConfig(pdl=0, trigger=1)
+    with pytest.raises(ValueError, match="pdl must be"):
+        gp.GluonPagedConfig(pdl=3)
+
+
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
     with pytest.raises(ValueError, match="multiple of math_wgs"):
         gp.GluonPagedConfig(stages=7)
