@@ -28,6 +28,11 @@ cannot serve repeats), median of 15 replays / R. GB/s counts each sequence's vis
 rounded up to 64-token blocks x (D + 4) bytes read once, plus q, weights and the logits written;
 %cp is of the device copy bandwidth measured here (eager 2 GiB -> 2 GiB copy_, read + write
 counted, median of 9; a copy captured in a graph runs on a copy engine and reads ~35% lower).
+With ``--separated`` every call in the graph follows a tiny plain kernel (one float incremented), and
+the time of a graph of those alone is subtracted: no call overlaps the one before (a launch made
+dependent by PDL then waits on a kernel that neither triggers early nor is the op), as when an
+engine's neighbouring kernels are launched plainly. Without it calls follow each other, and a
+kernel that lets the next one launch early (``griddepcontrol.launch_dependents``) gains from it.
 Host: microseconds per call of 40 back-to-back eager calls per shape (no sync inside; fewer calls
 than the launch queue holds, so the GPU never holds the host back) for mqa-core's op, the Triton
 kernel alone (its default config) and DeepGEMM (plus the compat layer in the host table).
@@ -67,6 +72,8 @@ DEFAULT_VARIANTS = ("tma", "rows", "pipe", "pipetma", "piperows")
 SMOKE = {"order": [(3, 300), (2, 130)]}
 DEVICE = "cuda"
 HOST_CALLS = 40
+#: ``--separated``: a plain kernel before each timed call (see the module docstring).
+SEPARATED = False
 
 
 def process_start() -> float:
@@ -303,12 +310,26 @@ def poisoned_call(fn: Callable[[], torch.Tensor], m: int, n: int) -> torch.Tenso
 # -- timing ----------------------------------------------------------------------------------------
 
 def graph_us(calls: list[Callable[[], Any]]) -> float:
-    """Median over 15 replays of a graph that makes every call once, per call, in microseconds."""
+    """Median over 15 replays of a graph that makes every call once, per call, in microseconds; with
+    SEPARATED, each call after a plain one-float kernel, whose own graph's time is subtracted."""
     if DEVICE == "cpu":  # smoke run: eager, one round
         t = time.perf_counter()
         for c in calls:
             c()
         return (time.perf_counter() - t) / len(calls) * 1e6
+    if SEPARATED:
+        bump = torch.zeros(1, device=DEVICE)
+
+        def plain() -> None:
+            bump.add_(1.0)
+
+        with_op = _replayed_us([f for c in calls for f in (plain, c)])
+        return (with_op - _replayed_us([plain] * len(calls))) / len(calls)
+    return _replayed_us(calls) / len(calls)
+
+
+def _replayed_us(calls: list[Callable[[], Any]]) -> float:
+    """Median over 15 replays of a graph that makes ``calls`` in turn: microseconds per replay."""
     for c in calls:
         c()
     torch.cuda.synchronize()
@@ -331,7 +352,7 @@ def graph_us(calls: list[Callable[[], Any]]) -> float:
         g.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+        times.append(start.elapsed_time(end) * 1e3)
     del g
     return statistics.median(times)
 
@@ -450,7 +471,8 @@ def summary(shapes: list[dict], names: list[str], host_names: list[str], info: d
     lines = [f"\n{info.get('device', '?')}  torch {info.get('torch', '?')}  triton {info.get('triton', '?')}",
              info.get("deepgemm", "") + f"; mqa_core's op runs provider {info.get('mqa_core_provider', '?')}",
              f"copy bandwidth (read + write): {copy:.0f} GB/s eager copy_ (the %cp base); "
-             f"{info.get('copy_GBps', {}).get('graph', float('nan')):.0f} GB/s when replayed from a graph"]
+             f"{info.get('copy_GBps', {}).get('graph', float('nan')):.0f} GB/s when replayed from a graph",
+             f"timing: {info.get('timing', '?')}"]
     checks = [(f"B={r['B']} C={r['C']} nn={r['next_n']} H={r['H']}", n, c)
               for r in shapes for n, i in r["impls"].items()
               for c in (i.get("check"), i.get("check_clean")) if c]
@@ -559,7 +581,7 @@ def watchdog(deadline: float) -> threading.Timer:
 
 
 def main() -> int:
-    global DEVICE
+    global DEVICE, SEPARATED
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated Triton variants (VARIANTS names, each optionally with "
@@ -570,6 +592,9 @@ def main() -> int:
     parser.add_argument("--deepgemm-pdl", action="store_true",
                         help="also time DeepGEMM launched as a programmatic dependent launch (set_pdl(True)), "
                              "the launch mode mqa-core's Gluon kernel uses by default")
+    parser.add_argument("--separated", action="store_true",
+                        help="time each call after a tiny plain kernel (its time subtracted), so no call overlaps "
+                             "the one before, as beside an engine's plainly launched kernels")
     parser.add_argument("--quick", action="store_true", help="three (B, C) groups only")
     parser.add_argument("--budget", type=float, default=105.0,
                         help="seconds from process start after which no new (B, C) group starts")
@@ -577,6 +602,7 @@ def main() -> int:
                         help="seconds from process start at which the tables are printed and it exits")
     parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    SEPARATED = args.separated
     order = QUICK if args.quick else ORDER
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -622,6 +648,8 @@ def main() -> int:
         RUN.names, RUN.host_names = list(impls), list(host_impls)
         RUN.info = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
                     "deepgemm": dg_note, "copy_GBps": copy, "variants": variants, "argv": sys.argv[1:],
+                    "timing": ("each call after a plain one-float kernel, its time subtracted (--separated)"
+                               if SEPARATED else "calls back to back in one graph"),
                     "mqa_core_provider": chosen}
     g = torch.Generator(device=DEVICE).manual_seed(0)
     reason = "all shapes done"

@@ -91,8 +91,14 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     first_read = next(i for i, line in enumerate(lines)
                       if re.match(r"\s*(@%p\w+\s+)?(ld\.global|cp\.async\.bulk)", line))
     assert wait[0] < start and wait[0] < first_read, (wait, start, first_read)
-    plain = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit, config=gp.GluonPagedConfig(pdl=0))
+    assert "launch_dependents" in lines[wait[0]]  # then lets the next kernel launch (trigger=1)
+    plain = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit,
+                            config=gp.GluonPagedConfig(pdl=0, trigger=0))
     assert not plain.metadata.launch_pdl and "griddepcontrol" not in plain.asm["ptx"]
+    # a plain launch may still let the next kernel launch: at its start, with no wait
+    ptx = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit,
+                          config=gp.GluonPagedConfig(pdl=0)).asm["ptx"]
+    assert "griddepcontrol.wait" not in ptx and ptx.count("griddepcontrol.launch_dependents") == 1
 
 
 @needs_gluon_api
@@ -121,11 +127,11 @@ def test_pdl_2_waits_in_every_partition_before_its_global_memory(clean, presplit
     assert len(waits) == len(regions) and all(("launch_dependents" in w) == bool(trigger) for w in waits)
 
 
-def test_config_rejects_a_trigger_without_pdl():
-    with pytest.raises(ValueError, match="trigger"):
-        gp.GluonPagedConfig(pdl=0, trigger=1)
+def test_config_rejects_unknown_launch_modes():
     with pytest.raises(ValueError, match="pdl must be"):
         gp.GluonPagedConfig(pdl=3)
+    with pytest.raises(ValueError, match="trigger 0 or 1"):
+        gp.GluonPagedConfig(trigger=2)
 
 
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
@@ -251,6 +257,57 @@ def test_gpu_graph_replay_follows_new_lengths(poisoned):
         dev_lens.copy_(new)
         g.replay()
         check(out, fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, new, inp.block_tables, 3000), True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", [False, True])
+def test_gpu_dependent_call_reads_the_previous_output_only_once_complete(monkeypatch, graph):
+    """Two calls back to back, the second's weights a view of the first's output: the first lets the
+    second launch early (``trigger``), the second is a programmatic dependent launch whose partitions
+    must wait for the whole first grid. The weights are the last tile of every row of the first
+    output, the cells its programs write last, poisoned with NaN before: a read before the first
+    call completes gives NaN or stale values, not the oracle's."""
+    length, h = 16384, 64
+    first = make_paged_inputs(64, 1, h, 128, length, context_lens=torch.full((64,), length), seed=11)
+    second = make_paged_inputs(64, 1, h, 128, 3000, seed=12)
+    a_args = (first.q.cuda(), first.kv_cache.cuda(), first.weights.cuda(), first.context_lens.cuda(),
+              first.block_tables.cuda(), length)
+    b_args = (second.q.cuda(), second.kv_cache.cuda(), None, second.context_lens.cuda(), second.block_tables.cuda(),
+              3000)
+    out_a = torch.empty(64, length, device="cuda")
+    out_b = torch.empty(64, gp._row(3000), device="cuda")[:, :3000]
+    weights_b = out_a[:, length - h:]
+    cfg = gp.GluonPagedConfig()
+    assert cfg.pdl and cfg.trigger  # the shipped launch mode
+
+    def both() -> None:
+        outs = iter((out_a, out_b))
+        monkeypatch.setattr(gp, "_new_output", lambda *a: next(outs))
+        gp.fp8_paged_mqa_logits_gluon(*a_args, False, config=cfg)
+        gp.fp8_paged_mqa_logits_gluon(b_args[0], b_args[1], weights_b, *b_args[3:], True, config=cfg)
+
+    both()  # compile and bind both signatures outside any capture
+    torch.cuda.synchronize()
+    ref_a = fp8_paged_mqa_logits_ref(first.q, first.kv_cache, first.weights, first.context_lens, first.block_tables,
+                                     length)
+    check(out_a, ref_a, False)
+    # the second call's oracle from the weights it reads: the first output's cells (deterministic)
+    ref_b = fp8_paged_mqa_logits_ref(second.q, second.kv_cache, weights_b.cpu().clone(), second.context_lens,
+                                     second.block_tables, 3000)
+    run = both
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            both()
+        run = g.replay
+    for _ in range(5):
+        out_a.fill_(float("nan"))
+        out_b.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        check(out_a, ref_a, False)
+        check(out_b, ref_b, True)
 
 
 @pytest.mark.cuda

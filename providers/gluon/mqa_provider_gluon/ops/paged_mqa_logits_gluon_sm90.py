@@ -82,10 +82,12 @@ class GluonPagedConfig:
     #: following it (round 14). 2: the same launch, but each partition waits at its own start, so the
     #: partitions' register hand-over overlaps that tail too. 0: a plain launch.
     pdl: int = 1
-    #: 1: once the previous kernel is done, each CTA also lets the next kernel on the stream launch
-    #: (``griddepcontrol.launch_dependents``): a dependent launched with PDL then takes each SM as soon
-    #: as this kernel's CTA there exits, and waits (its own ``griddepcontrol.wait``) for the whole grid.
-    trigger: int = 0
+    #: 1: each CTA lets the next kernel on the stream launch (``griddepcontrol.launch_dependents``) once
+    #: the previous one is done (at its start with ``pdl=0``): a next kernel launched with PDL then takes
+    #: each SM as soon as this kernel's CTA there exits, sets up, and waits (its own
+    #: ``griddepcontrol.wait``) for this whole grid. Without the trigger it launches only once every
+    #: CTA here has exited (round 15). Kernels launched plainly are not affected.
+    trigger: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -93,8 +95,8 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        if self.pdl not in (0, 1, 2) or self.trigger not in (0, 1) or (self.trigger and not self.pdl):
-            raise ValueError(f"GluonPagedConfig: pdl must be 0, 1 or 2 and trigger 0 or 1 (1 only with pdl); "
+        if self.pdl not in (0, 1, 2) or self.trigger not in (0, 1):
+            raise ValueError(f"GluonPagedConfig: pdl must be 0, 1 or 2 and trigger 0 or 1; "
                              f"got pdl={self.pdl}, trigger={self.trigger}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
@@ -336,7 +338,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     if WAIT:
-        _wait_prior_grid(lay, TRIGGER)
+        _grid_dependency(lay, True, TRIGGER)
     if TRACE:
         _stamp(sched_ptr, 13, lay, False)
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE)
@@ -433,7 +435,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
     if WAIT:
-        _wait_prior_grid(idl, TRIGGER)
+        _grid_dependency(idl, True, TRIGGER)
     if WG == 0:
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
@@ -493,7 +495,7 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
     """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
     lay: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
     if WAIT:
-        _wait_prior_grid(gl.BlockedLayout([1], [32], [1], [0]), TRIGGER)
+        _grid_dependency(gl.BlockedLayout([1], [32], [1], [0]), True, TRIGGER)
     offs = gl.arange(0, 64, layout=lay)
     ninf = gl.full([64], float("-inf"), gl.float32, lay)
     t_max = gl.cdiv(max_ctx, 64)
@@ -510,17 +512,20 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
 
 
 @_jit
-def _wait_prior_grid(lay: gl.constexpr, TRIGGER: gl.constexpr):
-    """A programmatic dependent launch's wait: returns once the previous kernel on the stream has
+def _grid_dependency(lay: gl.constexpr, WAIT: gl.constexpr, TRIGGER: gl.constexpr):
+    """A programmatic dependent launch's wait (WAIT): returns once the previous kernel on the stream has
     completed and its writes are visible. With ``pdl=1`` the default partition runs it after the
     barrier set-up and before ``warp_specialize``, whose start releases the other partitions only
     after it; with ``pdl=2`` each partition runs it first. Either way no partition touches global
     memory before the previous kernel is done (the inputs it wrote, the output's memory it may still
-    use). With TRIGGER it then lets the next kernel launch. A no-op in a plain launch."""
-    if TRIGGER:
+    use). Then, with TRIGGER, the CTA lets the next kernel launch (``launch_dependents``): that kernel's
+    own wait still holds it until this grid has completed."""
+    if WAIT and TRIGGER:
         asm: gl.constexpr = "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, $1;"
-    else:
+    elif WAIT:
         asm: gl.constexpr = "griddepcontrol.wait; mov.u32 $0, $1;"
+    else:
+        asm: gl.constexpr = "griddepcontrol.launch_dependents; mov.u32 $0, $1;"
     gl.inline_asm_elementwise(asm, "=r,r", [gl.zeros([1], gl.int32, lay)], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -555,74 +560,79 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
-    if PDL == 1:
-        _wait_prior_grid(gl.BlockedLayout([1], [32], [4], [0]), TRIGGER)
+    if PDL == 1 or (PDL == 0 and TRIGGER):
+        _grid_dependency(gl.BlockedLayout([1], [32], [4], [0]), PDL == 1, TRIGGER)
+    WAIT: gl.constexpr = PDL == 2  # each partition waits at its start
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
     if MATH_WGS == 2:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
+                           TRIGGER)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                           NEXT_N, LENS_2D, PDL == 2, TRIGGER)),
+                           NEXT_N, LENS_2D, WAIT, TRIGGER)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
+                           TRIGGER)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
+                           TRIGGER)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                           NEXT_N, LENS_2D, PDL == 2, TRIGGER)),
+                           NEXT_N, LENS_2D, WAIT, TRIGGER)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, PDL == 2, TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
+                           TRIGGER)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
