@@ -79,8 +79,7 @@ class GluonPagedConfig:
     #: on the stream finishes and set up their barriers; the default partition then waits for that
     #: kernel (``griddepcontrol.wait``) before ``warp_specialize`` starts the partitions, so none
     #: touches global memory earlier. The launch overlaps the previous kernel's tail instead of
-    #: following it (round 14). 2: the same launch, but each partition waits at its own start, so the
-    #: partitions' register hand-over overlaps that tail too. 0: a plain launch.
+    #: following it (round 14). 0: a plain launch.
     pdl: int = 1
     #: 1: each CTA lets the next kernel on the stream launch (``griddepcontrol.launch_dependents``) once
     #: the previous one is done (at its start with ``pdl=0``): a next kernel launched with PDL then takes
@@ -95,8 +94,8 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        if self.pdl not in (0, 1, 2) or self.trigger not in (0, 1):
-            raise ValueError(f"GluonPagedConfig: pdl must be 0, 1 or 2 and trigger 0 or 1; "
+        if self.pdl not in (0, 1) or self.trigger not in (0, 1):
+            raise ValueError(f"GluonPagedConfig: pdl and trigger must be 0 or 1; "
                              f"got pdl={self.pdl}, trigger={self.trigger}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
@@ -332,13 +331,11 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, WAIT: gl.constexpr, TRIGGER: gl.constexpr):
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    if WAIT:
-        _grid_dependency(lay, True, TRIGGER)
     if TRACE:
         _stamp(sched_ptr, 13, lay, False)
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE)
@@ -419,8 +416,7 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          WAIT: gl.constexpr, TRIGGER: gl.constexpr):
+          LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -434,8 +430,6 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
     offs_j = gl.arange(0, NEXT_N, layout=jlay)
-    if WAIT:
-        _grid_dependency(idl, True, TRIGGER)
     if WG == 0:
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
@@ -491,11 +485,9 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
 
 @_jit
 def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-            NEXT_N: gl.constexpr, LENS_2D: gl.constexpr, WAIT: gl.constexpr, TRIGGER: gl.constexpr):
+            NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
     """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
     lay: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
-    if WAIT:
-        _grid_dependency(gl.BlockedLayout([1], [32], [1], [0]), True, TRIGGER)
     offs = gl.arange(0, 64, layout=lay)
     ninf = gl.full([64], float("-inf"), gl.float32, lay)
     t_max = gl.cdiv(max_ctx, 64)
@@ -512,20 +504,20 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
 
 
 @_jit
-def _grid_dependency(lay: gl.constexpr, WAIT: gl.constexpr, TRIGGER: gl.constexpr):
-    """A programmatic dependent launch's wait (WAIT): returns once the previous kernel on the stream has
-    completed and its writes are visible. With ``pdl=1`` the default partition runs it after the
-    barrier set-up and before ``warp_specialize``, whose start releases the other partitions only
-    after it; with ``pdl=2`` each partition runs it first. Either way no partition touches global
-    memory before the previous kernel is done (the inputs it wrote, the output's memory it may still
-    use). Then, with TRIGGER, the CTA lets the next kernel launch (``launch_dependents``): that kernel's
-    own wait still holds it until this grid has completed."""
+def _grid_dependency(WAIT: gl.constexpr, TRIGGER: gl.constexpr):
+    """Run by the default partition after the barrier set-up and before ``warp_specialize``, whose start
+    releases the other partitions only after it. WAIT, a programmatic dependent launch's wait: returns
+    once the previous kernel on the stream has completed and its writes are visible, so no partition
+    touches global memory before it is done (the inputs it wrote, the output's memory it may still
+    use). Then TRIGGER lets the next kernel launch (``launch_dependents``): that kernel's own wait
+    still holds it until this grid has completed."""
     if WAIT and TRIGGER:
         asm: gl.constexpr = "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, $1;"
     elif WAIT:
         asm: gl.constexpr = "griddepcontrol.wait; mov.u32 $0, $1;"
     else:
         asm: gl.constexpr = "griddepcontrol.launch_dependents; mov.u32 $0, $1;"
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     gl.inline_asm_elementwise(asm, "=r,r", [gl.zeros([1], gl.int32, lay)], dtype=gl.int32, is_pure=False, pack=1)
 
 
@@ -560,79 +552,74 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
-    if PDL == 1 or (PDL == 0 and TRIGGER):
-        _grid_dependency(gl.BlockedLayout([1], [32], [4], [0]), PDL == 1, TRIGGER)
-    WAIT: gl.constexpr = PDL == 2  # each partition waits at its start
+    if PDL or TRIGGER:
+        _grid_dependency(PDL, TRIGGER)
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
     if MATH_WGS == 2:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
-                           TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                           NEXT_N, LENS_2D, WAIT, TRIGGER)),
+                           NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
-                           TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
-                           TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                           NEXT_N, LENS_2D, WAIT, TRIGGER)),
+                           NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, WAIT, TRIGGER)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, WAIT,
-                           TRIGGER)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -652,7 +639,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
-            "TRACE": bool(cfg.trace), "PDL": cfg.pdl, "TRIGGER": bool(cfg.trigger),
+            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger),
             "num_warps": 4}
 
 
