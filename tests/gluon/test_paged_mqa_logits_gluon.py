@@ -239,13 +239,14 @@ def test_gpu_graph_replay_follows_new_lengths(poisoned):
 def test_gpu_dependent_call_reads_the_previous_output_only_once_complete(monkeypatch, graph):
     """Two calls back to back, the second's weights a view of the first's output: the first lets the
     second launch early (``trigger``), the second is a programmatic dependent launch whose partitions
-    must wait for the whole first grid. The first call has one sequence per program (the even split
-    then gives program i sequence i), and the weights are each sequence's last tile: the cells each
-    program writes last, poisoned with NaN before. The second call's programs start as the first's
-    exit, so a read before the first call completes gives NaN or stale values, not the oracle's."""
+    must wait for the whole first grid. The first call's schedule gives program 0 every tile and the
+    others none, so they exit at once and the second call's programs start on their SMs while
+    program 0 still writes, row after row, the cells the second reads as weights (each sequence's
+    last tile), poisoned with NaN before: a read before the first call completes gives NaN."""
     programs = torch.cuda.get_device_properties(0).multi_processor_count
-    length, h = 96 * 64, 64
+    length, h = 8 * 64, 64
     first = make_paged_inputs(programs, 1, h, 128, length, context_lens=torch.full((programs,), length), seed=11)
+    one_program = torch.tensor([[0, 0]] + [[programs, 0]] * programs, dtype=torch.int32, device="cuda")
     second = make_paged_inputs(programs, 1, h, 128, 3000, seed=12)
     a_args = (first.q.cuda(), first.kv_cache.cuda(), first.weights.cuda(), first.context_lens.cuda(),
               first.block_tables.cuda(), length)
@@ -260,7 +261,7 @@ def test_gpu_dependent_call_reads_the_previous_output_only_once_complete(monkeyp
     def both() -> None:
         outs = iter((out_a, out_b))
         monkeypatch.setattr(gp, "_new_output", lambda *a: next(outs))
-        gp.fp8_paged_mqa_logits_gluon(*a_args, False, config=cfg)
+        gp.fp8_paged_mqa_logits_gluon(*a_args, False, config=cfg, schedule=one_program)
         gp.fp8_paged_mqa_logits_gluon(q_b, cache_b, weights_b, lens_b, tables_b, 3000, True, config=cfg)
 
     both()  # compile and bind both signatures outside any capture
