@@ -18,7 +18,8 @@ memory system busy by itself:
 - it is launched as a programmatic dependent launch: its CTAs may start (and set up their barriers)
   while the previous kernel on the stream finishes, and wait for it (``griddepcontrol.wait``) before
   any partition touches global memory (round 14: DeepGEMM's kernel waits the same way, where an engine
-  turns its PDL on).
+  turns its PDL on); then each CTA lets the next kernel launch (``launch_dependents``, round 15), so a
+  next kernel launched the same way sets up on each SM as soon as this kernel's CTA there exits.
 
 The batch's visible tiles are split evenly over the CTAs from the context lengths on the device, as
 the Triton kernel does: no schedule buffer, no second launch, no host synchronisation, so it is
