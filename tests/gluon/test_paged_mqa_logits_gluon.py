@@ -79,7 +79,8 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     """A programmatic dependent launch may start while the previous kernel still writes q, the
     lengths or the memory our output reuses: the build launched that way must run
     ``griddepcontrol.wait`` before the barrier that starts the partitions, and before any global
-    load or TMA copy; the plain build has no wait and is not launched as a dependent."""
+    load or TMA copy, and then (``trigger``) let the next kernel launch; the plain build has no wait
+    and is not launched as a dependent."""
     import re
 
     k = gp.compile_sm90(next_n=2, h=64, clean_logits=clean, presplit=presplit)
@@ -254,7 +255,7 @@ def test_gpu_dependent_call_reads_the_previous_output_only_once_complete(monkeyp
                                       second.block_tables.cuda())
     out_a = torch.empty(programs, length, device="cuda")
     out_b = torch.empty(programs, gp._row(3000), device="cuda")[:, :3000]
-    weights_b = out_a[:, length - 64:length - 64 + h]
+    weights_b = out_a[:, length - h:]  # each sequence's last tile (64 positions: H weights)
     cfg = gp.GluonPagedConfig()
     assert cfg.pdl and cfg.trigger  # the shipped launch mode
 
