@@ -9,7 +9,9 @@ The script builds each batch (``h200_decode_vs_deepgemm.Batch``: contexts spread
 full, 2-D lengths, no clean pass), calls each kernel ``WARMUP`` times per shape (compilation,
 descriptor encodings: 2 shapes x 2 kernels x 2 = the 8 launches skipped above; DeepGEMM's metadata
 kernel does not match the filter), then once more per shape and kernel (DeepGEMM, then Gluon): the
-four profiled launches. Without ncu it prints each of those calls' CUDA-event time. The two kernels'
+four profiled launches. Both read the same schedule (DeepGEMM's metadata, whose layout the Gluon
+kernel's ``schedule`` shares), as in an engine's decode step (round 15; before, the Gluon kernel
+split the batch itself). Without ncu it prints each of those calls' CUDA-event time. The two kernels'
 outputs are compared inside the contexts (the decode bench checks both against the oracle).
 """
 
@@ -49,8 +51,8 @@ def main() -> int:
         calls = {
             "deepgemm": lambda q=q, c=cache, w=w, lens=lens, t=table, m=meta, n=ctx:
                 deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, m, n, False),
-            "gluon": lambda q=q, c=cache, w=w, lens=lens, t=table, n=ctx:
-                fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, False),
+            "gluon": lambda q=q, c=cache, w=w, lens=lens, t=table, m=meta, n=ctx:
+                fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, False, schedule=m),
         }
         for call in calls.values():
             for _ in range(WARMUP):
