@@ -29,6 +29,9 @@ ENV_VARS = {
     "MQA_VALIDATE": "'cheap' (default) or 'full': also check what needs a device sync (k_scale > 0, block "
                     "ids, non-finite logits inside the windows)",
     "MQA_TORCH_REF_MEMORY_MB": "torch_ref's bound on temporary memory, in MiB: a positive number (default 512)",
+    "MQA_GLUON_PDL": "1/0 (default 1): the gluon provider's sm_90 decode kernel launched as a programmatic "
+                     "dependent launch that lets the next kernel start early, or plainly (faster beside "
+                     "plainly launched kernels; docs/paged-op.md)",
     "MQA_TUNING": "FILE written by `mqa tune`: per shape bucket, the fastest measured usable provider is chosen",
 }
 

@@ -102,6 +102,32 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     assert "griddepcontrol.wait" not in ptx and ptx.count("griddepcontrol.launch_dependents") == 1
 
 
+@pytest.mark.parametrize("value,launch", [(None, 1), ("", 1), ("1", 1), ("on", 1), ("0", 0), ("off", 0)])
+def test_engine_chooses_the_launch_mode_with_an_environment_variable(monkeypatch, value, launch):
+    """``MQA_GLUON_PDL`` picks between the two measured launch modes, PDL with the trigger (default) or
+    a plain launch with neither, for calls given no config."""
+    if value is None:
+        monkeypatch.delenv(gp.PDL_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(gp.PDL_VARIABLE, value)
+    assert gp.default_config() == gp.GluonPagedConfig(pdl=launch, trigger=launch)
+
+
+def test_a_launch_mode_that_is_not_a_boolean_is_refused(monkeypatch):
+    from mqa_core import SettingsError
+
+    monkeypatch.setenv(gp.PDL_VARIABLE, "sometimes")
+    with pytest.raises(SettingsError, match="MQA_GLUON_PDL"):
+        gp.default_config()
+
+
+@needs_gluon_api
+def test_builds_given_no_config_follow_the_environment(monkeypatch):
+    monkeypatch.setenv(gp.PDL_VARIABLE, "0")
+    k = gp.compile_sm90(next_n=1, h=32, presplit=True)
+    assert not k.metadata.launch_pdl and "griddepcontrol" not in k.asm["ptx"]
+
+
 def test_config_rejects_unknown_launch_modes():
     with pytest.raises(ValueError, match="pdl and trigger must be 0 or 1"):
         gp.GluonPagedConfig(pdl=2)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import torch
@@ -52,7 +53,8 @@ from .mqa_logits_gluon_sm90 import gluon_supported
 from .paged_mqa_logits_triton import _device_facts, _launch_on, _row, fp8_paged_mqa_logits_triton
 from .paged_mqa_logits_triton import prepare as prepare_triton
 
-__all__ = ["GluonPagedConfig", "PreparedCall", "compile_sm90", "fp8_paged_mqa_logits_gluon",
+__all__ = ["PDL_VARIABLE", "GluonPagedConfig", "PreparedCall", "compile_sm90", "default_config",
+           "fp8_paged_mqa_logits_gluon",
            "fp8_paged_mqa_logits_sm90", "prepare", "prepare_sm90", "serves", "unsupported"]
 
 #: Keys per tile: one wgmma's M, one TMA box of one cache block.
@@ -101,6 +103,23 @@ class GluonPagedConfig:
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
+
+
+#: The engine's choice of launch mode: "1" (default) PDL with the trigger, "0" a plain launch. Which is
+#: faster depends on the kernels around the op (bench/README.md, round 15): with PDL-launched
+#: neighbours PDL wins (B=32, 4k: 1.04-1.11x DeepGEMM against 0.92-0.94), beside plainly launched
+#: ones the plain launch does (0.91-0.94 against 0.89-0.92).
+PDL_VARIABLE = "MQA_GLUON_PDL"
+
+
+def default_config() -> GluonPagedConfig:
+    """The config of a call given none: the defaults, launched as :data:`PDL_VARIABLE` says (read when a
+    call signature is first bound, so set it before the first call). A value that is not a boolean
+    raises ``mqa_core.SettingsError`` naming the variable."""
+    from mqa_core.settings import parse_bool
+
+    pdl = parse_bool(PDL_VARIABLE, os.environ.get(PDL_VARIABLE), default=True)
+    return GluonPagedConfig(pdl=int(pdl), trigger=int(pdl))
 
 
 try:  # guarded: the module must import on any triton; gluon_supported() reports what is missing
@@ -829,7 +848,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
         return out
     if nb == 0:
         return out.fill_(float("-inf"))
-    cfg = config or GluonPagedConfig()
+    cfg = config or default_config()
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
@@ -976,7 +995,7 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    cfg = config or GluonPagedConfig()
+    cfg = config or default_config()
     fn = _paged_kernel_ws
     q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
     sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
