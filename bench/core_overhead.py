@@ -291,7 +291,7 @@ def _measure(op_name: str, p: Any, args: tuple[Any, ...], vary: int, op: Any, ba
     g["o"] = args
     extra = {}
     if op_name == "fp8_paged_mqa_logits":  # the same call with a decode step's schedule (a hint)
-        g["sched"] = mqa_core.paged_schedule(args[3], 132)
+        g["sched"] = mqa_core.paged_schedule(args[3], 132)  # an H200's SMs; the no-op kernel never reads it
         extra["api_schedule"] = ("mqa_core.fp8_paged_mqa_logits(*a, clean_logits=True, schedule=sched)", g)
     r = interleaved({
         **extra,

@@ -729,12 +729,14 @@ def _kv_descriptors(kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple[Any, An
 class _Launch:
     """What a call signature needs at launch: the bound kernel (``launch.BoundKernel``, or False where
     calls launch through Triton), the grid (one CTA per SM), the stride arguments and the constexprs
-    (the C launcher skips them, but counts them)."""
+    (the C launcher skips them, but counts them), and the config it was built with (a call given none
+    keeps the launch mode :func:`default_config` read at binding, also where it launches through Triton)."""
 
     bound: Any
     grid: int
     strides: tuple[int, ...]
     constexprs: tuple[Any, ...]
+    config: GluonPagedConfig
 
 
 #: Launch state per call signature (bounded, as the Triton kernel's).
@@ -848,7 +850,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
         return out
     if nb == 0:
         return out.fill_(float("-inf"))
-    cfg = config or default_config()
+    cfg = config or (launch.config if launch is not None else default_config())
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
@@ -865,7 +867,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
             _LAUNCHES.clear()
         params = _paged_kernel_ws.arg_names[len(_paged_kernel_ws.arg_names) - len(constexprs):]
         _LAUNCHES[key] = _Launch(bind(compiled) if direct_launch_unsupported() is None else False, grid, strides,
-                                 tuple(constexprs[p] for p in params))
+                                 tuple(constexprs[p] for p in params), cfg)
     return out
 
 
