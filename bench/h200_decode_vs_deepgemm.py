@@ -22,14 +22,20 @@ mqa-core's op also with clean_logits=True over the whole output, where the -inf 
 contexts exactly. Outputs are poisoned (NaN) before the checked calls. DeepGEMM's schedule metadata
 is computed once per shape from that shape's lengths (outside the timed calls, as engines do).
 
-Speed: each implementation with clean_logits=False (DeepGEMM's only mode with 2-D lengths) replayed
-from a CUDA graph that calls it on R different caches in turn (R x bytes >= 256 MB, so the 50 MB L2
-cannot serve repeats), median of 15 replays / R. GB/s counts each sequence's visible positions
+Speed: each implementation with clean_logits=False (DeepGEMM's only mode with 2-D lengths) captured
+in a CUDA graph that calls it on R different caches in turn (R x bytes >= 256 MB, so the 50 MB L2
+cannot serve repeats). The graphs of one shape are replayed interleaved: 15 rounds, each replaying
+every implementation's graph once in an order rotated by one per round, so drift (clocks, power,
+memory) falls on all alike. Time: the median over rounds / R; x DeepGEMM: the median over rounds of
+the ratio of the two times of one round (paired). DeepGEMM's calls are captured twice, and the second
+graph is timed as one more implementation, ``deepgemm(again)``: its ratio is the run's noise floor
+(one kernel against itself). GB/s counts each sequence's visible positions
 rounded up to 64-token blocks x (D + 4) bytes read once, plus q, weights and the logits written;
 %cp is of the device copy bandwidth measured here (eager 2 GiB -> 2 GiB copy_, read + write
 counted, median of 9; a copy captured in a graph runs on a copy engine and reads ~35% lower).
 With ``--separated`` every call in the graph follows a tiny plain kernel (one float incremented), and
-the time of a graph of those alone is subtracted: no call overlaps the one before (a launch made
+the time of a graph of those alone (replayed in the same rounds) is subtracted: no call overlaps the
+one before (a launch made
 dependent by PDL then waits on a kernel that neither triggers early nor is the op), as when an
 engine's neighbouring kernels are launched plainly (approximate: the plain kernels' own launch gaps
 partly hide behind the op's, so compare columns of one run). Without it calls follow each other, and
@@ -75,6 +81,11 @@ DEVICE = "cuda"
 HOST_CALLS = 40
 #: ``--separated``: a plain kernel before each timed call (see the module docstring).
 SEPARATED = False
+#: Rounds of the interleaved timing (each replays every implementation's graph once).
+ROUNDS = 15
+#: The name of DeepGEMM's second graph, timed as one more implementation: its ratio to DeepGEMM is the
+#: run's own noise floor (an A/A comparison of one kernel with itself).
+DG_AGAIN = "deepgemm(again)"
 
 
 def process_start() -> float:
@@ -311,26 +322,70 @@ def poisoned_call(fn: Callable[[], torch.Tensor], m: int, n: int) -> torch.Tenso
 # -- timing ----------------------------------------------------------------------------------------
 
 def graph_us(calls: list[Callable[[], Any]]) -> float:
-    """Median over 15 replays of a graph that makes every call once, per call, in microseconds; with
-    SEPARATED, each call after a plain one-float kernel, whose own graph's time is subtracted."""
+    """Median over ROUNDS replays of a graph that makes every call once, per call, in microseconds
+    (the copy-bandwidth base; the implementations are timed by :func:`interleaved_us`)."""
+    return interleaved_us({"one": calls})["one"][0]
+
+
+def interleaved_us(groups: dict[str, list[Callable[[], Any]]],
+                   errors: dict[str, str] | None = None) -> dict[str, tuple[float, list[float]]]:
+    """Per group: (median microseconds per call, microseconds per call of each round). Every group's
+    calls are captured in their own graph first; then each round replays every graph once, in an order
+    rotated by one per round, so a drift of the clocks or the memory during the run falls on every
+    group alike and a round's times compare with each other (paired ratios). With SEPARATED, each call
+    follows a plain one-float kernel, and a graph of those alone, replayed in the same rounds, is
+    subtracted. A group whose capture fails is left out (its error in ``errors``)."""
     if DEVICE == "cpu":  # smoke run: eager, one round
-        t = time.perf_counter()
-        for c in calls:
-            c()
-        return (time.perf_counter() - t) / len(calls) * 1e6
+        out = {}
+        for name, calls in groups.items():
+            t = time.perf_counter()
+            for c in calls:
+                c()
+            us = (time.perf_counter() - t) / len(calls) * 1e6
+            out[name] = (us, [us])
+        return out
+    graphs: dict[str, Any] = {}
+    plain_key = None
     if SEPARATED:
         bump = torch.zeros(1, device=DEVICE)
 
         def plain() -> None:
             bump.add_(1.0)
 
-        with_op = _replayed_us([f for c in calls for f in (plain, c)])
-        return (with_op - _replayed_us([plain] * len(calls))) / len(calls)
-    return _replayed_us(calls) / len(calls)
+        n = len(next(iter(groups.values())))
+        plain_key = "\0plain"
+        graphs[plain_key] = _captured([plain] * n)
+        groups = {k: [f for c in v for f in (plain, c)] for k, v in groups.items()}
+    for name, calls in groups.items():
+        try:
+            graphs[name] = _captured(calls)
+        except Exception as exc:
+            traceback.print_exc()
+            if errors is not None:
+                errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+    names = list(graphs)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(ROUNDS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3)
+    graphs.clear()
+    out = {}
+    for name, calls in groups.items():
+        if name not in times:
+            continue
+        per = len(calls) // (2 if SEPARATED else 1)
+        rounds = [(t - (times[plain_key][i] if plain_key else 0.0)) / per for i, t in enumerate(times[name])]
+        out[name] = (statistics.median(rounds), rounds)
+    return out
 
 
-def _replayed_us(calls: list[Callable[[], Any]]) -> float:
-    """Median over 15 replays of a graph that makes ``calls`` in turn: microseconds per replay."""
+def _captured(calls: list[Callable[[], Any]]) -> Any:
+    """A CUDA graph that makes ``calls`` in turn, warmed (eager calls, a side stream, 3 replays)."""
     for c in calls:
         c()
     torch.cuda.synchronize()
@@ -346,16 +401,12 @@ def _replayed_us(calls: list[Callable[[], Any]]) -> float:
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    del g
-    return statistics.median(times)
+    return g
+
+
+def paired_ratio(base: list[float], mine: list[float]) -> float:
+    """Median over rounds of base / mine, each round's two times taken moments apart."""
+    return statistics.median(b / m for b, m in zip(base, mine) if m > 0)
 
 
 def host_us(call: Callable[[], Any]) -> float:
@@ -430,6 +481,7 @@ def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls
                            "bytes": bt.nbytes(next_n, h), "copies": len(bt.caches), "impls": {}, "host_us": {}}
     with RUN.lock:
         RUN.shapes.append(res)
+    timed: dict[str, list[Callable[[], Any]]] = {}
     for name, impl in impls.items():
         r: dict[str, Any] = {}
         res["impls"][name] = r
@@ -442,19 +494,29 @@ def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls
                 out = poisoned_call(lambda clean=clean: clean(bt.caches[0], bt.tables[0]), m, n)
                 r["check_clean"] = check(out, rows, lens2, clean=True)
             del out
-            r["graph_us"] = graph_us([lambda call=call, c=c, t=t: call(c, t)
-                                      for c, t in zip(bt.caches, bt.tables)])
-            r["GBps"] = res["bytes"] / (r["graph_us"] * 1e-6) / 1e9
+            timed[name] = [lambda call=call, c=c, t=t: call(c, t) for c, t in zip(bt.caches, bt.tables)]
         except Exception as exc:
             traceback.print_exc()
             r["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    if "deepgemm" in timed:  # the A/A control: one more graph of the same DeepGEMM calls
+        timed[DG_AGAIN] = list(timed["deepgemm"])
+        res["impls"][DG_AGAIN] = {}
+    errors: dict[str, str] = {}
+    times = interleaved_us(timed, errors)
+    dg_rounds = times.get("deepgemm", (0.0, []))[1]
+    for name in timed:
+        r = res["impls"][name]
+        if name in errors:
+            r["error"] = errors[name]
+        if name not in times:
+            continue
+        r["graph_us"], r["round_us"] = times[name]
+        r["GBps"] = res["bytes"] / (r["graph_us"] * 1e-6) / 1e9
+        if dg_rounds:
+            r["vs_deepgemm"] = paired_ratio(dg_rounds, r["round_us"])
         ok = r.get("check", {}).get("ok")
-        log(f"{tag} {name:18s} " + (f"{r['graph_us']:9.1f} us {r['GBps']:6.0f} GB/s ok={ok}"
-                                    if "graph_us" in r else r.get("error", "")))
-    dg = res["impls"].get("deepgemm", {}).get("graph_us")
-    for r in res["impls"].values():
-        if dg and "graph_us" in r:
-            r["vs_deepgemm"] = dg / r["graph_us"]
+        log(f"{tag} {name:18s} {r['graph_us']:9.1f} us {r['GBps']:6.0f} GB/s ok={ok}"
+            + (f" x{r['vs_deepgemm']:.3f}" if "vs_deepgemm" in r else ""))
     for name, impl in host_impls.items():
         try:
             call = impl(q, w, lens2, n, False)
@@ -462,7 +524,23 @@ def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls
         except Exception as exc:
             log(f"host cost {name}: {type(exc).__name__}: {exc}")
     log(f"{tag} host us/call: " + " ".join(f"{k} {v:.1f}" for k, v in res["host_us"].items()))
+    for note in promotion_notes():
+        log(note)
     return res
+
+
+def promotion_notes() -> list[str]:
+    """For each bound Gluon paged launch asked for another L2 promotion than triton's: whether its
+    descriptors got it (``GluonPagedConfig.l2_promotion``; ``tma_l2``)."""
+    try:
+        from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import _LAUNCHES
+        from mqa_provider_gluon.tma_l2 import TRITON_PROMOTION
+    except Exception as exc:  # a bench of another build: say so
+        return [f"L2 promotion: {type(exc).__name__}: {exc}"]
+    notes = {f"L2 promotion {la.config.l2_promotion}: "
+             + (la.bound.promotion_note or "applied") for la in _LAUNCHES.values()
+             if la.bound and la.config.l2_promotion != TRITON_PROMOTION}
+    return sorted(notes)
 
 
 def summary(shapes: list[dict], names: list[str], host_names: list[str], info: dict) -> str:
@@ -646,7 +724,8 @@ def main() -> int:
     log(f"copy bandwidth {copy['eager']:.0f} GB/s (eager copy_, read + write); "
         f"{copy['graph']:.0f} GB/s replayed from a graph")
     with RUN.lock:
-        RUN.names, RUN.host_names = list(impls), list(host_impls)
+        RUN.names = list(impls) + ([DG_AGAIN] if dg is not None else [])
+        RUN.host_names = list(host_impls)
         RUN.info = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
                     "deepgemm": dg_note, "copy_GBps": copy, "variants": variants, "argv": sys.argv[1:],
                     "timing": ("each call after a plain one-float kernel, its time subtracted (--separated)"
