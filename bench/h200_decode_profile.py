@@ -25,8 +25,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from h200_decode_vs_deepgemm import BLOCK, Batch, D  # noqa: E402
 
-#: (B, context, next_n, H): the two shapes furthest behind DeepGEMM in round 10.
-SHAPES = ((32, 4096, 2, 64), (256, 4096, 1, 32))
+#: (B, context, next_n, H): the two shapes furthest behind DeepGEMM in round 10; ``PROFILE_SHAPES``
+#: replaces them ("B,C,next_n,H;..."; round 16: the large next_n = 2, H = 64 shapes, where the kernel
+#: reads DRAM at 92% of DeepGEMM's rate). Set MQA_GLUON_PDL=0 under ncu (its replay inflates a PDL
+#: launch's duration, round 15).
+SHAPES = tuple(tuple(int(x) for x in s.split(",")) for s in os.environ["PROFILE_SHAPES"].split(";")) \
+    if os.environ.get("PROFILE_SHAPES") else ((32, 4096, 2, 64), (256, 4096, 1, 32))
 #: Calls per kernel before the profiled one (compilation, descriptor encodings).
 WARMUP = 2
 
