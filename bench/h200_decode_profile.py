@@ -9,9 +9,11 @@ The script builds each batch (``h200_decode_vs_deepgemm.Batch``: contexts spread
 full, 2-D lengths, no clean pass), calls each kernel ``WARMUP`` times per shape (compilation,
 descriptor encodings: 2 shapes x 2 kernels x 2 = the 8 launches skipped above; DeepGEMM's metadata
 kernel does not match the filter), then once more per shape and kernel (DeepGEMM, then Gluon): the
-four profiled launches. Both read the same schedule (DeepGEMM's metadata, whose layout the Gluon
-kernel's ``schedule`` shares), as in an engine's decode step (round 15; before, the Gluon kernel
-split the batch itself). Without ncu it prints each of those calls' CUDA-event time. The two kernels'
+four profiled launches. Each reads its own step's schedule, as in an engine's decode step: DeepGEMM
+its metadata, the Gluon kernel ``mqa_core.paged_schedule`` (64-token tiles). Not DeepGEMM's metadata:
+its rows count 256-token segments, which the Gluon kernel reads as tiles, so its programs' ranges
+overlap and some run ~1.8x longer (round 16: that is what rounds 15's and 16's first profiles of the
+Gluon kernel measured, 19.7 and 392 us where graph replay shows ~9 and ~235). Without ncu it prints each of those calls' CUDA-event time. The two kernels'
 outputs are compared inside the contexts (the decode bench checks both against the oracle).
 """
 
@@ -40,6 +42,7 @@ def main() -> int:
         print("needs a CUDA GPU (the H200)")
         return 2
     import deep_gemm
+    import mqa_core
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -51,11 +54,12 @@ def main() -> int:
         w = torch.randn(b * next_n, h, generator=g, device="cuda") * h ** -0.5
         lens = bt.lens_2d(next_n)
         meta = deep_gemm.get_paged_mqa_logits_metadata(lens, BLOCK, sms)
+        split = mqa_core.paged_schedule(lens, sms)  # mqa-core's own units: 64-token tiles
         cache, table = bt.caches[0], bt.tables[0]
         calls = {
             "deepgemm": lambda q=q, c=cache, w=w, lens=lens, t=table, m=meta, n=ctx:
                 deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, m, n, False),
-            "gluon": lambda q=q, c=cache, w=w, lens=lens, t=table, m=meta, n=ctx:
+            "gluon": lambda q=q, c=cache, w=w, lens=lens, t=table, m=split, n=ctx:
                 fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, False, schedule=m),
         }
         for call in calls.values():

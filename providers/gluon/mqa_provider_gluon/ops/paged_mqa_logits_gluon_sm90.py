@@ -158,6 +158,19 @@ def _add(a, b):
 
 
 @_jit
+def _ring(g, N: gl.constexpr):
+    """(slot, phase) of item ``g`` >= 0 of an N-slot ring: with N a power of two, a mask and a shift
+    (``%`` and ``//`` of a signed counter cost a sign correction each, on every tile of the loader's
+    and the math's loops)."""
+    if (N & (N - 1)) == 0:
+        LOG: gl.constexpr = N.bit_length() - 1
+        r = g & (N - 1), (g >> LOG) & 1
+    else:
+        r = g % N, (g // N) & 1
+    return r
+
+
+@_jit
 def _seq_hi(cl_ptr, v, v_ok, covered, stride_clb, stride_clj, NEXT_N: gl.constexpr, LENS_2D: gl.constexpr):
     """Positions the longest query row of sequence(s) ``v`` sees, in [0, covered]."""
     row = cl_ptr + v.to(gl.int64) * stride_clb
@@ -390,8 +403,8 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
         first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (lane * 64) // BS,
                         mask=more & (lane * 64 < covered), other=0)
         # every sequence of the range gets its q slot (the math warpgroups wait for each)
-        qs = qn % 2
-        mbarrier.wait(q_empty.index(qs), ((qn // 2) & 1) ^ 1)
+        qs, qph = _ring(qn, 2)
+        mbarrier.wait(q_empty.index(qs), qph ^ 1)
         mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
         tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
@@ -401,8 +414,8 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
             nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
             for i in range(gl.minimum(32, t_hi - c)):
                 blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
-                s = g % STAGES
-                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
+                s, ph = _ring(g, STAGES)
+                mbarrier.wait(empty.index(s), ph ^ 1)
                 ids.index(s).store(gl.zeros([1], gl.int32, lay) + blk)
                 mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
                 off = ((c + i) * 64) % BS
@@ -479,15 +492,15 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
         rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
         lens2 = gl.expand_dims(lens, 0)
-        qs = qn % 2
-        mbarrier.wait(q_ready.index(qs), (qn // 2) & 1)
+        qs, qph = _ring(qn, 2)
+        mbarrier.wait(q_ready.index(qs), qph)
         q_op = q_smem.index(qs).permute((1, 0))
         w_row = gl.expand_dims(w_smem.index(qs)._reinterpret(gl.float32, [NQ], flat).load(gl.SliceLayout(0, mlay)),
                                0)  # came with q
         n_t = gl.maximum(t_hi - t_lo, 0)
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
-            s = (g + i) % STAGES
-            mbarrier.wait(ready.index(s), ((g + i) // STAGES) & 1)
+            s, ph = _ring(g + i, STAGES)
+            mbarrier.wait(ready.index(s), ph)
             if TRACE and WG == 0:
                 if g + i == 0:
                     _stamp(sched_ptr, 6, idl, False)
