@@ -1,7 +1,7 @@
 """Nsight Compute counters for the decode op's kernels, mqa-core's Gluon kernel beside DeepGEMM's, on the
 ragged batches where the Gluon kernel trails most (issue 11): where its extra microseconds go.
 
-    PYTHONPATH=<DeepGEMM build> ncu --clock-control none -k "regex:fp8_paged_mqa_logits|_paged_kernel_ws" \\
+    MQA_GLUON_PDL=0 PYTHONPATH=<DeepGEMM build> ncu --clock-control none -k "regex:fp8_paged_mqa_logits|_paged_kernel_ws" \\
         --launch-skip 8 --launch-count 4 --section SpeedOfLight --section WarpStateStats \\
         --section LaunchStats --section MemoryWorkloadAnalysis python bench/h200_decode_profile.py
 
@@ -13,8 +13,10 @@ four profiled launches. Each reads its own step's schedule, as in an engine's de
 its metadata, the Gluon kernel ``mqa_core.paged_schedule`` (64-token tiles). Not DeepGEMM's metadata:
 its rows count 256-token segments, which the Gluon kernel reads as tiles, so its programs' ranges
 overlap and some run ~1.8x longer (round 16: that is what rounds 15's and 16's first profiles of the
-Gluon kernel measured, 19.7 and 392 us where graph replay shows ~9 and ~235). Without ncu it prints each of those calls' CUDA-event time. The two kernels'
-outputs are compared inside the contexts (the decode bench checks both against the oracle).
+Gluon kernel measured, 19.7 and 392 us where graph replay shows ~9 and ~235). Without ncu it prints
+each of those calls' CUDA-event time. The two kernels' outputs are compared inside the contexts (the
+decode bench checks both against the oracle). ``--section SourceCounters`` adds where warps stall, by
+SASS line (``ncu -i REPORT --page source --print-source sass --csv``).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ def main() -> int:
         print("needs a CUDA GPU (the H200)")
         return 2
     import deep_gemm
-    import mqa_core
     from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
+
+    import mqa_core
 
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = deep_gemm.get_num_sms()

@@ -524,23 +524,7 @@ def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls
         except Exception as exc:
             log(f"host cost {name}: {type(exc).__name__}: {exc}")
     log(f"{tag} host us/call: " + " ".join(f"{k} {v:.1f}" for k, v in res["host_us"].items()))
-    for note in promotion_notes():
-        log(note)
     return res
-
-
-def promotion_notes() -> list[str]:
-    """For each bound Gluon paged launch asked for another L2 promotion than triton's: whether its
-    descriptors got it (``GluonPagedConfig.l2_promotion``; ``tma_l2``)."""
-    try:
-        from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import _LAUNCHES
-        from mqa_provider_gluon.tma_l2 import TRITON_PROMOTION
-    except Exception as exc:  # a bench of another build: say so
-        return [f"L2 promotion: {type(exc).__name__}: {exc}"]
-    notes = {f"L2 promotion {la.config.l2_promotion}: "
-             + (la.bound.promotion_note or "applied") for la in _LAUNCHES.values()
-             if la.bound and la.config.l2_promotion != TRITON_PROMOTION}
-    return sorted(notes)
 
 
 def summary(shapes: list[dict], names: list[str], host_names: list[str], info: dict) -> str:

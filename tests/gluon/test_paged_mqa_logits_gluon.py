@@ -368,23 +368,3 @@ def test_gpu_public_op_hands_the_schedule_to_this_kernel(poisoned, monkeypatch):
     for _ in range(3):
         check(mqa_core.fp8_paged_mqa_logits(*args, clean_logits=False, schedule=other), ref, False)
     assert read[-2:] == [0, 0]  # worked out in the kernel instead
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("promotion", [3, 0])
-def test_gpu_descriptors_take_another_l2_promotion(poisoned, promotion):
-    """A launch asked for another L2 promotion than triton's re-encodes its descriptors (the check
-    against triton's own encoding passed: no note), and the kernel reads the same values through them
-    (strided pool, the bound launch, a second cache through a new descriptor)."""
-    inp = make_paged_inputs(9, 2, 64, 128, 2100, seed=21)
-    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, inp.context_lens, inp.block_tables, 2100)
-    pool = pad_paged_cache(inp.kv_cache.cuda(), 256)
-    args = (inp.q.cuda(), pool, inp.weights.cuda(), inp.context_lens.cuda(), inp.block_tables.cuda(), 2100)
-    cfg = gp.GluonPagedConfig(l2_promotion=promotion)
-    for _ in range(2):  # the first through triton, the second bound
-        check(gp.fp8_paged_mqa_logits_gluon(*args, False, config=cfg), ref, False)
-    other = pad_paged_cache(inp.kv_cache.cuda(), 256)  # same signature, another pool: a new descriptor
-    check(gp.fp8_paged_mqa_logits_gluon(args[0], other, *args[2:], False, config=cfg), ref, False)
-    bound = gp._LAUNCHES[gp._signature(*args[:5], False, cfg, gp._ptrs(*args[:5]))].bound
-    assert bound and bound.l2_promotion == promotion and bound.promotion_note is None, bound.promotion_note

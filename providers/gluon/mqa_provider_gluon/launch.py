@@ -107,14 +107,12 @@ class BoundKernel:
 
     ``bound(g0, g1, g2, stream, args)`` launches with ``args`` the kernel's parameters in order
     (constexpr ones included: the C launcher skips them), pointers as tensors or plain ints, and each
-    tensor-descriptor parameter already expanded by :meth:`descriptor`. ``l2_promotion``: the
-    ``CUtensorMapL2promotion`` its descriptors are encoded with (``tma_l2``; None: triton's);
-    ``promotion_note`` says why a descriptor kept triton's (None: none did).
+    tensor-descriptor parameter already expanded by :meth:`descriptor`.
     """
 
-    __slots__ = ("compiled", "_launch", "_head", "_meta", "_tma", "l2_promotion", "promotion_note")
+    __slots__ = ("compiled", "_launch", "_head", "_meta", "_tma")
 
-    def __init__(self, compiled: Any, l2_promotion: int | None = None) -> None:
+    def __init__(self, compiled: Any) -> None:
         launcher = compiled.run  # loads the binary on the current device if not yet loaded
         if getattr(launcher, "global_scratch_size", 0) or getattr(launcher, "profile_scratch_size", 0):
             raise DirectLaunchUnavailable("the kernel needs scratch memory, which triton's launcher allocates")
@@ -127,8 +125,6 @@ class BoundKernel:
                       compiled.packed_metadata, None, None, None)
         self._meta = meta
         self._tma: dict[tuple[Any, ...], list[Any]] = {}
-        self.l2_promotion = l2_promotion
-        self.promotion_note: str | None = None
 
     def __call__(self, g0: int, g1: int, g2: int, stream: int, args: tuple[Any, ...]) -> None:
         self._launch(g0, g1, g2, stream, *self._head, *args)
@@ -148,28 +144,20 @@ class BoundKernel:
             return expanded
         from triton.backends.nvidia.driver import make_tensordesc_arg
 
-        parts = []
-        for i, desc in enumerate(make()):
-            meta = self._meta[key[0] + i]
-            args = make_tensordesc_arg(desc, meta)
-            if meta is not None and self.l2_promotion is not None:
-                from .tma_l2 import promote
-
-                self.promotion_note = promote(args[0], desc, meta, self.l2_promotion) or self.promotion_note
-            parts.extend(args)
-        expanded = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a for a in parts)
+        expanded = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a
+                         for i, desc in enumerate(make()) for a in make_tensordesc_arg(desc, self._meta[key[0] + i]))
         if len(self._tma) >= _TMA_CACHE:
             self._tma.pop(next(iter(self._tma)), None)
         self._tma[key] = expanded
         return expanded
 
 
-def bind(compiled: Any, l2_promotion: int | None = None) -> BoundKernel | bool:
+def bind(compiled: Any) -> BoundKernel | bool:
     """A BoundKernel for what ``kernel[grid](...)`` returned, or False where it cannot be launched
     directly (callers then keep launching through Triton, and remember not to try again)."""
     if compiled is None or not hasattr(compiled, "packed_metadata"):
         return False  # a compile hook cancelled the launch, or an interpreter ran it
     try:
-        return BoundKernel(compiled, l2_promotion)
+        return BoundKernel(compiled)
     except DirectLaunchUnavailable:
         return False

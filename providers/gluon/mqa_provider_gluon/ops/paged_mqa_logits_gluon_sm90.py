@@ -93,10 +93,6 @@ class GluonPagedConfig:
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
-    #: The L2 promotion of the launches' TMA descriptors (``CUtensorMapL2promotion``: 2 = 128 bytes,
-    #: what triton encodes; 3 = 256 bytes, what DeepGEMM encodes; ``tma_l2``). Calls launched through
-    #: triton (a signature's first, or where direct launches are off) keep triton's.
-    l2_promotion: int = 2
 
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
@@ -104,9 +100,6 @@ class GluonPagedConfig:
         if self.pdl not in (0, 1) or self.trigger not in (0, 1):
             raise ValueError(f"GluonPagedConfig: pdl and trigger must be 0 or 1; "
                              f"got pdl={self.pdl}, trigger={self.trigger}")
-        if self.l2_promotion not in (0, 1, 2, 3):
-            raise ValueError(f"GluonPagedConfig.l2_promotion must be 0-3 (none, 64, 128, 256 bytes); "
-                             f"got {self.l2_promotion}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -886,8 +879,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
         params = _paged_kernel_ws.arg_names[len(_paged_kernel_ws.arg_names) - len(constexprs):]
-        _LAUNCHES[key] = _Launch(bind(compiled, cfg.l2_promotion) if direct_launch_unsupported() is None else False,
-                                 grid, strides,
+        _LAUNCHES[key] = _Launch(bind(compiled) if direct_launch_unsupported() is None else False, grid, strides,
                                  tuple(constexprs[p] for p in params), cfg)
     return out
 
