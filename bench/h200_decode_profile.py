@@ -2,8 +2,9 @@
 ragged batches where the Gluon kernel trails most (issue 11): where its extra microseconds go.
 
     MQA_GLUON_PDL=0 PYTHONPATH=<DeepGEMM build> ncu --clock-control none \\
-        -k "regex:fp8_paged_mqa_logits|_paged_kernel_ws" --launch-skip 8 --launch-count 4 --section SpeedOfLight --section WarpStateStats \\
-        --section LaunchStats --section MemoryWorkloadAnalysis python bench/h200_decode_profile.py
+        -k "regex:fp8_paged_mqa_logits|_paged_kernel_ws" --launch-skip 8 --launch-count 4 \\
+        --section SpeedOfLight --section WarpStateStats --section LaunchStats \\
+        --section MemoryWorkloadAnalysis python bench/h200_decode_profile.py
 
 The script builds each batch (``h200_decode_vs_deepgemm.Batch``: contexts spread between half and
 full, 2-D lengths, no clean pass), calls each kernel ``WARMUP`` times per shape (compilation,
