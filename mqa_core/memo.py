@@ -22,8 +22,20 @@ prepared call that depends on alignment reads its pointers anyway and checks the
 
 Tables belong to the registry's state (the public ops') or to a provider loaded in it (a bound
 provider's), so :func:`mqa_core.reload` drops them. Each holds at most :data:`MAX_SIGNATURES` entries;
-a full table is emptied and fills again. Every write is one dictionary operation, atomic on its own,
-so the per-call path takes no lock.
+a full table is emptied and fills again. Every write is one dictionary operation (or one attribute
+assignment), atomic on its own, so the per-call path takes no lock.
+
+The last signature found (:class:`CallTable`): building a signature reads every tensor's shape,
+strides, dtype and device in Python (~4 us per paged call on a 2-core CPU, ~2 on the H200's host, with
+its hash), where a decode step sends one signature for every layer. So a table also keeps the last
+signature it served with a tensor check built for it from torch's own guard type
+(``torch._C._dynamo.guards.TensorGuards``, what ``torch.compile`` checks its inputs with: type,
+dispatch keys, dtype, device, requires_grad, sizes and strides, in C++), and a call first asks that
+check and compares its other arguments (values and types) with the last signature's. Only a call
+that passes both is served without building its signature; any other takes the full path, so a
+mismatch costs one check. The check is built on a signature's second call, once, and checked on the
+tensors it was built from; where torch lacks that type or it refuses them, the signature keeps the
+full path (a private torch API: the full path stays the one the results depend on).
 """
 
 from __future__ import annotations
@@ -35,14 +47,57 @@ from typing import Any, TypeVar
 from . import validate
 from .spec import Pair, Problem, ProviderSpec, dtype_name
 
-__all__ = ["MAX_SIGNATURES", "MQA", "PAGED", "Op", "Signature", "mqa_problem", "mqa_recall", "paged_problem",
-           "paged_recall", "remember"]
+__all__ = ["MAX_SIGNATURES", "MQA", "PAGED", "CallTable", "Op", "Signature", "mqa_problem", "mqa_recall",
+           "paged_problem", "paged_recall", "remember"]
 
 #: The most signatures one table remembers (engines send a handful of shapes per op).
 MAX_SIGNATURES = 1024
 
 Signature = tuple[Any, ...]
 V = TypeVar("V")
+
+
+class CallTable(dict):  # type: ignore[type-arg]
+    """Remembered signatures (signature -> entry), and the last one found with its tensor check:
+    ``last`` = (check, the other arguments, signature, entry) or None; ``guards`` = signature -> its
+    tensor check, or False where none can be built (see the module's docstring)."""
+
+    __slots__ = ("last", "guards")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: tuple[Any, ...] | None = None
+        self.guards: dict[Signature, Any] = {}
+
+
+def _tensor_check(tensors: tuple[Any, ...]) -> Any:
+    """torch's C++ check that tensors match these ones' type, dispatch keys, dtype, device,
+    requires_grad, sizes and strides (``TensorGuards.check``), or False where torch has none or it
+    does not accept them (then the full path serves every call)."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        # every dimension static: one list of sizes (strides) per tensor (the stub's annotation is flat)
+        sizes: Any = [list(t.size()) for t in tensors]
+        strides: Any = [list(t.stride()) for t in tensors]
+        check = TensorGuards(*tensors, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides).check
+        return check if check(*tensors) is True else False
+    except Exception:  # another torch, or tensors it cannot guard: the full path
+        return False
+
+
+def _found(table: Any, key: Signature, entry: Any, scalars: tuple[Any, ...], tensors: tuple[Any, ...]) -> None:
+    """Note ``key`` (with ``entry``) as ``table``'s last signature found, with its tensor check."""
+    if not isinstance(table, CallTable):
+        return
+    check = table.guards.get(key)
+    if check is None:
+        check = _tensor_check(tensors)
+        if len(table.guards) >= MAX_SIGNATURES:
+            table.guards.clear()
+        table.guards[key] = check
+    if check is not False:
+        table.last = (check, scalars, key, entry)
 
 
 def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: Any, ks: Any, ke: Any,
@@ -55,6 +110,14 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
     """
     if table is None:
         return None, None
+    last = getattr(table, "last", None)
+    if last is not None:  # the last signature found, asked first (see the module's docstring)
+        try:
+            k, k_scale = kv
+            if last[1] == (type(kv), type(clean_logits), clean_logits) and last[0](q, k, k_scale, weights, ks, ke):
+                return last[2], last[3]
+        except Exception:  # not what the last call sent: the full path says what it is
+            pass
     try:
         k, k_scale = kv
         key = (type(kv), type(clean_logits), clean_logits,
@@ -66,7 +129,10 @@ def mqa_recall(table: Mapping[Signature, V] | None, q: Any, kv: Any, weights: An
                type(ke), ke.shape, ke.stride(), ke.dtype, ke.device)
     except Exception:
         return None, None
-    return key, table.get(key)
+    entry = table.get(key)
+    if entry is not None:
+        _found(table, key, entry, key[:3], (q, k, k_scale, weights, ks, ke))
+    return key, entry
 
 
 def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, weights: Any, context_lens: Any,
@@ -77,6 +143,16 @@ def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, wei
     scales aligned; and the schedule's layout, or None)."""
     if table is None:
         return None, None
+    last = getattr(table, "last", None)
+    if last is not None:  # the last signature found, asked first (see the module's docstring)
+        try:
+            if last[1] == (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
+                           kv_cache.data_ptr() & 3, schedule is None) \
+                    and (last[0](q, kv_cache, weights, context_lens, block_tables) if schedule is None
+                         else last[0](q, kv_cache, weights, context_lens, block_tables, schedule)):
+                return last[2], last[3]
+        except Exception:  # not what the last call sent: the full path says what it is
+            pass
     try:
         key = (type(max_context_len), max_context_len, type(clean_logits), clean_logits,
                type(q), q.shape, q.stride(), q.dtype, q.device,
@@ -91,7 +167,12 @@ def paged_recall(table: Mapping[Signature, V] | None, q: Any, kv_cache: Any, wei
                                               schedule.device))
     except Exception:
         return None, None
-    return key, table.get(key)
+    entry = table.get(key)
+    if entry is not None:
+        tensors = (q, kv_cache, weights, context_lens, block_tables)
+        _found(table, key, entry, (*key[:4], key[14], schedule is None),
+               tensors if schedule is None else (*tensors, schedule))
+    return key, entry
 
 
 def remember(table: dict[Signature, V] | None, key: Signature | None, value: V) -> None:
@@ -101,6 +182,9 @@ def remember(table: dict[Signature, V] | None, key: Signature | None, value: V) 
         return
     if len(table) >= MAX_SIGNATURES:
         table.clear()
+        if isinstance(table, CallTable):
+            table.last = None
+            table.guards.clear()
     table[key] = value
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import ProviderResultError
-from .memo import MQA, OP_BY_NAME, PAGED, Op, Signature, remember
+from .memo import MQA, OP_BY_NAME, PAGED, CallTable, Op, Signature, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ class Provider:
         self._result = result
         # Signature -> entry, for the signatures this provider's checks have passed, per op
         # (mqa_core.memo); None under MQA_VALIDATE=full. The registry makes a new provider per state.
-        self._passed_mqa: dict[Signature, Entry] | None = None if validate_full else {}
-        self._passed_paged: dict[Signature, Entry] | None = None if validate_full else {}
+        self._passed_mqa: dict[Signature, Entry] | None = None if validate_full else CallTable()
+        self._passed_paged: dict[Signature, Entry] | None = None if validate_full else CallTable()
         # The call hints (a paged call's ``schedule``) each of the kernel object's op and prepare_<op>
         # functions receives: those it names. Read once; a function whose signature cannot be read
         # receives none.

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from .decision import Decision
 from .discovery import Discovery, cut_by_fork, describe_error, discover, unknown_names
 from .errors import ProviderUnavailableError
-from .memo import Signature
+from .memo import CallTable, Signature
 from .provider import Entry, Provider, load_object
 from .select import decide, preferred_order, run_check, shape_reason
 from .settings import Settings
@@ -68,7 +68,7 @@ class _State:
 
     def __post_init__(self) -> None:
         if not self.settings.validate_full:
-            self.mqa_calls, self.paged_calls = {}, {}
+            self.mqa_calls, self.paged_calls = CallTable(), CallTable()
 
 
 _lock = threading.RLock()

@@ -442,3 +442,87 @@ def test_tuning_and_shape_limits_see_next_n_and_block_size(install_dist, tmp_pat
     assert chosen(2) == "other"
     assert chosen(1) == "torch_ref"
     assert chosen(2, block_size=32) == "torch_ref"  # its shape limits refuse this block size
+
+
+# -- the last signature found, asked first -----------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["mqa", "paged"])
+@pytest.mark.parametrize("level", ["api", "provider"])
+def test_the_last_signature_is_served_by_torch_s_tensor_check(x, y, checks, monkeypatch, op, level):
+    """From a signature's second call on, the table keeps it with torch's C++ tensor check, and a later
+    call that passes the check (and has the same other arguments) is served without building its
+    signature: no full-path lookup, the same entry, the same result."""
+    if op == "mqa":
+        fn = mqa_core.fp8_mqa_logits if level == "api" else mqa_core.get_provider("cpu").fp8_mqa_logits
+        args = x.args()
+    else:
+        fn = (mqa_core.fp8_paged_mqa_logits if level == "api"
+              else mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits").fp8_paged_mqa_logits)
+        args = y.args()
+    first = fn(*args)
+    fn(*args)  # the second call finds the signature the full way and keeps its check
+    table = next(t for t in _tables(op) if t.last is not None)
+    check, _, key, entry = table.last
+    assert table[key] is entry and table.guards[key] is check
+    full_lookups = []
+    real = memo._found
+    monkeypatch.setattr(memo, "_found", lambda *a: full_lookups.append(a) or real(*a))
+    again = [fn(*args) for _ in range(3)]
+    assert not full_lookups and checks[op] == 1 and table.last[2] is key
+    assert all(torch.equal(o, first) for o in again)
+
+
+def _tables(op: str) -> list[memo.CallTable]:
+    """The public op's table and every loaded provider's, for ``op`` ("mqa" or "paged")."""
+    s = registry.state()
+    name = "mqa" if op == "mqa" else "paged"
+    tables = [s.mqa_calls if op == "mqa" else s.paged_calls]
+    tables += [getattr(p, f"_passed_{name}") for p in s.providers.values()]
+    return [t for t in tables if t is not None]
+
+
+def test_without_torch_s_tensor_check_every_call_takes_the_full_path(y, checks, monkeypatch):
+    """Where torch has no guard type (or refuses the tensors) the last signature is not kept, and calls
+    are remembered and served exactly as before."""
+    monkeypatch.setattr(memo, "_tensor_check", lambda tensors: False)
+    outs = [mqa_core.fp8_paged_mqa_logits(*y.args()) for _ in range(4)]
+    assert registry.state().paged_calls.last is None and checks["paged"] == 1
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert memo._tensor_check((object(),)) is False  # the real one, on what it cannot guard
+
+
+def test_a_schedule_changes_the_signature_the_fast_path_serves(y, checks):
+    """The schedule is part of the other arguments the fast path compares: a call given one after calls
+    without (and the other way round) is a new signature, checked, with the same logits."""
+    sched = mqa_core.paged_schedule(y.context_lens, 4)
+    plain = [mqa_core.fp8_paged_mqa_logits(*y.args()) for _ in range(2)]
+    given = mqa_core.fp8_paged_mqa_logits(*y.args(), schedule=sched)
+    assert checks["paged"] == 2 and torch.equal(given, plain[0])
+    mqa_core.fp8_paged_mqa_logits(*y.args(), schedule=sched)
+    assert torch.equal(mqa_core.fp8_paged_mqa_logits(*y.args()), plain[0]) and checks["paged"] == 2
+
+
+def test_a_tensor_that_needs_grad_is_not_served_as_one_that_does_not(x, checks):
+    """torch's check also compares requires_grad (the signature does not): such a call takes the full
+    path, finds the signature, and ends as before."""
+    first = [mqa_core.fp8_mqa_logits(*x.args()) for _ in range(2)]
+    w = x.weights.clone().requires_grad_(True)
+    out = mqa_core.fp8_mqa_logits(x.q, (x.k, x.k_scale), w, x.ks, x.ke)
+    assert checks["mqa"] == 1 and torch.equal(out.detach(), first[0])
+
+
+def test_the_kept_check_holds_no_tensor(y):
+    """An engine's cache may be gigabytes: a table keeps its signatures and checks, never the tensors
+    they were built from."""
+    import gc
+    import weakref
+
+    cache = y.kv_cache.clone()
+    args = (y.q, cache, *y.args()[2:])
+    for _ in range(3):
+        mqa_core.fp8_paged_mqa_logits(*args)
+    assert registry.state().paged_calls.last is not None
+    ref = weakref.ref(cache)
+    del cache, args
+    gc.collect()
+    assert ref() is None
