@@ -502,13 +502,18 @@ def test_a_schedule_changes_the_signature_the_fast_path_serves(y, checks):
     assert torch.equal(mqa_core.fp8_paged_mqa_logits(*y.args()), plain[0]) and checks["paged"] == 2
 
 
-def test_a_tensor_that_needs_grad_is_not_served_as_one_that_does_not(x, checks):
-    """torch's check also compares requires_grad (the signature does not): such a call takes the full
-    path, finds the signature, and ends as before."""
+def test_a_tensor_that_needs_grad_is_not_served_as_one_that_does_not(x, checks, monkeypatch):
+    """torch's check also compares requires_grad (the signature does not): such a call fails it, takes
+    the full path, finds the signature there, and ends as before."""
     first = [mqa_core.fp8_mqa_logits(*x.args()) for _ in range(2)]
+    full_lookups = []
+    real = memo._found
+    monkeypatch.setattr(memo, "_found", lambda *a: full_lookups.append(a) or real(*a))
+    mqa_core.fp8_mqa_logits(*x.args())
+    assert not full_lookups  # the same tensors pass the check
     w = x.weights.clone().requires_grad_(True)
     out = mqa_core.fp8_mqa_logits(x.q, (x.k, x.k_scale), w, x.ks, x.ke)
-    assert checks["mqa"] == 1 and torch.equal(out.detach(), first[0])
+    assert len(full_lookups) == 1 and checks["mqa"] == 1 and torch.equal(out.detach(), first[0])
 
 
 def test_the_kept_check_holds_no_tensor(y):
