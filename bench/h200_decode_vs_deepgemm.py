@@ -35,8 +35,8 @@ rounded up to 64-token blocks x (D + 4) bytes read once, plus q, weights and the
 counted, median of 9; a copy captured in a graph runs on a copy engine and reads ~35% lower).
 With ``--separated`` every call in the graph follows a tiny plain kernel (one float incremented), and
 the time of a graph of those alone (replayed in the same rounds) is subtracted: no call overlaps the
-one before (a launch made
-dependent by PDL then waits on a kernel that neither triggers early nor is the op), as when an
+one before (a launch made dependent by PDL then waits on a kernel that neither triggers early nor is
+the op), as when an
 engine's neighbouring kernels are launched plainly (approximate: the plain kernels' own launch gaps
 partly hide behind the op's, so compare columns of one run). Without it calls follow each other, and
 a kernel that lets the next one launch early (``griddepcontrol.launch_dependents``) gains from it.
@@ -55,6 +55,7 @@ import time
 T_IMPORT = time.time()
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
@@ -65,6 +66,8 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+
+from mqa_core.bench.timing import batch_ms, interleaved  # noqa: E402
 
 D, BLOCK = 128, 64
 #: (B, C) groups in the order they run: the most telling first, so a budget cut keeps them.
@@ -363,16 +366,10 @@ def interleaved_us(groups: dict[str, list[Callable[[], Any]]],
             traceback.print_exc()
             if errors is not None:
                 errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-    names = list(graphs)
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs[name].replay()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) * 1e3)
+    dev = torch.device(DEVICE)
+    ms = interleaved({name: functools.partial(batch_ms, lambda _, g=g: g.replay(), (None,), 0, 1, dev)
+                      for name, g in graphs.items()}, ROUNDS, rotate=True)
+    times = {name: [t * 1e3 for t in v] for name, v in ms.items()}
     graphs.clear()
     out = {}
     for name, calls in groups.items():

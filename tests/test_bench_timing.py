@@ -109,6 +109,16 @@ def test_real_sleeps_keep_their_order_and_rough_ratio() -> None:
     assert t["long"].median > 1.5 * t["short"].median and t["short"].median >= 1.0
 
 
+def test_rotated_rounds_start_one_name_later_each_round() -> None:
+    order: list[str] = []
+    got = interleaved({k: (lambda k=k: order.append(k) or len(order)) for k in "abc"}, 4, rotate=True)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert got["a"] == [1, 6, 8, 10] and all(len(v) == 4 for v in got.values())
+    order.clear()
+    interleaved({k: (lambda k=k: order.append(k)) for k in "ab"}, 2)
+    assert order == list("abab")  # without rotate: the mapping's order every round
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         interleaved({"a": lambda: 1}, 0)

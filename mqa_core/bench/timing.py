@@ -95,16 +95,20 @@ def time_calls(call: Callable[[Any], Any], inputs: Sequence[Any], device: torch.
     return Timing(tuple(samples))
 
 
-def interleaved(batches: Mapping[str, Callable[[], T]], rounds: int) -> dict[str, list[T]]:
+def interleaved(batches: Mapping[str, Callable[[], T]], rounds: int, *, rotate: bool = False) -> dict[str, list[T]]:
     """``rounds`` results of each batch, the batches run in the mapping's order within every round, so
     drift of the machine (clocks, heat, other jobs) falls on every name alike, not on whichever ran
-    last; the median over rounds then drops a round that one disturbance hit."""
+    last; the median over rounds then drops a round that one disturbance hit. ``rotate``: round ``r``
+    starts at the ``r``-th name (mod their count), so no name always follows the same one (a kernel's
+    time can depend on what ran just before it)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     results: dict[str, list[T]] = {name: [] for name in batches}
-    for _ in range(rounds):
-        for name, batch in batches.items():
-            results[name].append(batch())
+    names = list(batches)
+    for r in range(rounds):
+        first = r % len(names) if rotate and names else 0
+        for name in names[first:] + names[:first]:
+            results[name].append(batches[name]())
     return results
 
 
