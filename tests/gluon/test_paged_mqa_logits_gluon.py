@@ -129,10 +129,9 @@ def test_builds_given_no_config_follow_the_environment(monkeypatch):
 
 
 def test_config_rejects_unknown_launch_modes():
-    with pytest.raises(ValueError, match="pdl and trigger must be 0 or 1"):
-        gp.GluonPagedConfig(pdl=2)
-    with pytest.raises(ValueError, match="pdl and trigger must be 0 or 1"):
-        gp.GluonPagedConfig(trigger=2)
+    for field in ("pdl", "trigger", "release"):
+        with pytest.raises(ValueError, match=f"pdl, trigger and release must be 0 or 1.*{field}=2"):
+            gp.GluonPagedConfig(**{field: 2})
 
 
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
@@ -212,6 +211,25 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("clean", [True, False])
+def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
+    """Dozens of tiles per program, so every ring slot (values, scales, block ids) is refilled many
+    times: each way of handing a slot back (``release``), with rings of several depths."""
+    ctx = 60000
+    inp = make_paged_inputs(8, 2, 64, 128, ctx, lens_2d=True, seed=11)
+    g = torch.Generator().manual_seed(3)
+    lens = (ctx - torch.randint(0, 3000, (8, 2), generator=g)).to(torch.int32)  # ~57 tiles per program
+    tables = inp.block_tables.clone()
+    tables[2, 300] = -1  # an out-of-range id deep in a context: its tile's id comes through a reused slot
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, ctx)
+    args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
+    for config in (gp.GluonPagedConfig(release=0), gp.GluonPagedConfig(release=1),
+                   gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4)):
+        check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
 
 
 @pytest.mark.cuda
