@@ -97,6 +97,11 @@ class GluonPagedConfig:
     #: only after the warpgroup's next tile started, behind the barrier before that tile's wait. 0: a
     #: warpgroup barrier (``bar.sync``), then the release, per tile (round 16's kernel).
     release: int = 1
+    #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
+    #: published with the split (``split_ready``), while the loader reads its range, lengths and first
+    #: block ids; their set-up (one ``bar.sync`` per stage, triton 3.6's barrier analysis) is then off
+    #: the path to the first copy. 0: set up before ``warp_specialize`` (round 16's kernel).
+    late_init: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -104,9 +109,10 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        if self.pdl not in (0, 1) or self.trigger not in (0, 1) or self.release not in (0, 1):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger and release must be 0 or 1; "
-                             f"got pdl={self.pdl}, trigger={self.trigger}, release={self.release}")
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
+        if any(v not in (0, 1) for v in flags.values()):
+            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
+                             f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -133,6 +139,7 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
         mbarrier,
         tma,
         warpgroup_mma,
@@ -371,7 +378,7 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr):
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
@@ -393,6 +400,8 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     tiles = n_va
     first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
                     mask=(ta + lane) * 64 < covered, other=0)
+    if LATE_INIT:
+        mbarrier.wait(split_ready.index(0), 0)  # the rings are set up (_init_rings)
     for v in range(va, v_end):
         t_lo = gl.where(v == va, ta, 0)
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
@@ -458,7 +467,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr):
+          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -476,12 +485,18 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
             _stamp(sched_ptr, 1, idl, False)
+        if LATE_INIT:
+            _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
         if CLEAN or not PRESPLIT or TRACE:
             _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
                      CLEAN, PRESPLIT and not TRACE)
+        elif LATE_INIT:
+            mbarrier.arrive(split_ready.index(0), count=1)
         if TRACE:
             _stamp(sched_ptr, 2, idl, False)
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, idl, PRESPLIT and not TRACE)
+    if LATE_INIT:
+        mbarrier.wait(split_ready.index(0), 0)  # the rings are set up
     g = 0
     qn = 0
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
@@ -513,7 +528,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                     _stamp(sched_ptr, 6, idl, False)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
-            sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)  # during the wgmma
+            # during the wgmma
+            sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
             blk = gl.max(ids.index(s2).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             if RELEASE:
@@ -555,6 +571,19 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
 
 
 @_jit
+def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: gl.constexpr):
+    """The rings' barriers: one arrival completes a tile's copy (the loader's expect) or hands its slot
+    back (its math warpgroup); a q slot is handed back by every math warpgroup."""
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=MATH_WGS)
+    fence_async_shared()  # visible to the copies' completions (async proxy) once published
+
+
+@_jit
 def _grid_dependency(WAIT: gl.constexpr, TRIGGER: gl.constexpr):
     """Run by the default partition after the barrier set-up and before ``warp_specialize``, whose start
     releases the other partitions only after it. WAIT, a programmatic dependent launch's wait: returns
@@ -578,7 +607,8 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
-                     TRIGGER: gl.constexpr, RELEASE: gl.constexpr, num_warps: gl.constexpr):
+                     TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
+                     num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -602,12 +632,8 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     split = gl.allocate_shared_memory(gl.int32, [11, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     split_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(split_ready.index(0), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=MATH_WGS)  # every math warpgroup releases the q slot
+    if not LATE_INIT:
+        _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
     if PDL or TRIGGER:
         _grid_dependency(PDL, TRIGGER)
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
@@ -616,13 +642,16 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, SC_SLOTS)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
+                           SC_SLOTS, LATE_INIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -630,32 +659,40 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, SC_SLOTS)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
+                           SC_SLOTS, LATE_INIT)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, SC_SLOTS)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
+                           SC_SLOTS, LATE_INIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -663,19 +700,24 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE, SC_SLOTS)),
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE, SC_SLOTS)),
+                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
+                           SC_SLOTS, LATE_INIT)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -696,6 +738,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
+            "LATE_INIT": bool(cfg.late_init),
             "num_warps": 4}
 
 
