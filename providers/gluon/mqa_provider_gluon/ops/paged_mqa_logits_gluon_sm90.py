@@ -13,9 +13,12 @@ memory system busy by itself:
 - four (or two) **math** warpgroups take the tiles round-robin: one wgmma with M = 64 keys,
   N = next_n * H query rows, K = D, then relu, the weight FMA, the head sum, the scale, the
   visibility mask and the store (four epilogues in flight are what the next_n = 2, H = 64 class needs);
+  each hands its slot back as soon as the wgmma completes (``release``), and the default one sets the
+  rings' barriers up after the partitions start, while the loader reads its first lengths and block
+  ids (``late_init``, round 17);
 - with ``clean_logits`` a one-warp **filler** writes the ``-inf`` tails (tiles past each sequence's
   context) while the others work;
-- it is launched as a programmatic dependent launch: its CTAs may start (and set up their barriers)
+- it is launched as a programmatic dependent launch: its CTAs may start (and set up a barrier)
   while the previous kernel on the stream finishes, and wait for it (``griddepcontrol.wait``) before
   any partition touches global memory (round 14: DeepGEMM's kernel waits the same way, where an engine
   turns its PDL on); then each CTA lets the next kernel launch (``launch_dependents``, round 15), so a
