@@ -96,9 +96,10 @@ class GluonPagedConfig:
     #: How a math warpgroup hands a ring slot back. 1: right after its wgmma completes, by its first
     #: thread alone with no warpgroup barrier (the wgmma's reads of the slot are done for the whole
     #: warpgroup once any of its threads sees it complete); the tile's scales and block id, read by
-    #: every thread, then sit in a ring twice as deep, so the slot a tile reads them from is rewritten
-    #: only after the warpgroup's next tile started, behind the barrier before that tile's wait. 0: a
-    #: warpgroup barrier (``bar.sync``), then the release, per tile (round 16's kernel).
+    #: every thread, then sit in a deeper ring (``stages + math_wgs`` slots, rounded up to a power of
+    #: two), so the slot a tile reads them from is rewritten only after the warpgroup's next tile
+    #: started, behind the barrier before that tile's wait. 0: a warpgroup barrier (``bar.sync``), then
+    #: the release, per tile (round 16's kernel). Alone it measured neutral (bench/README.md, round 17).
     release: int = 1
     #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
     #: published with the split (``split_ready``), while the loader reads its range, lengths and first
@@ -588,7 +589,7 @@ def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: 
 
 @_jit
 def _grid_dependency(WAIT: gl.constexpr, TRIGGER: gl.constexpr):
-    """Run by the default partition after the barrier set-up and before ``warp_specialize``, whose start
+    """Run by the default partition after its barrier set-up and before ``warp_specialize``, whose start
     releases the other partitions only after it. WAIT, a programmatic dependent launch's wait: returns
     once the previous kernel on the stream has completed and its writes are visible, so no partition
     touches global memory before it is done (the inputs it wrote, the output's memory it may still
