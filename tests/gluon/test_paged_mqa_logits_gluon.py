@@ -129,8 +129,8 @@ def test_builds_given_no_config_follow_the_environment(monkeypatch):
 
 
 def test_config_rejects_unknown_launch_modes():
-    for field in ("pdl", "trigger", "release", "late_init", "interior"):
-        with pytest.raises(ValueError, match=f"late_init and interior must be 0 or 1.*{field}=2"):
+    for field in ("pdl", "trigger", "release", "late_init"):
+        with pytest.raises(ValueError, match=f"pdl, trigger, release and late_init must be 0 or 1.*{field}=2"):
             gp.GluonPagedConfig(**{field: 2})
 
 

@@ -106,10 +106,6 @@ class GluonPagedConfig:
     #: block ids; their set-up (one ``bar.sync`` per stage, triton 3.6's barrier analysis) is then off
     #: the path to the first copy. 0: set up before ``warp_specialize`` (round 16's kernel).
     late_init: int = 1
-    #: 1: a tile every row of its sequence sees whole (all but the last few of a context) is stored
-    #: without the per-cell length and bounds selects (a branch per tile, uniform in the warpgroup). 0:
-    #: every tile through the masked store.
-    interior: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -117,10 +113,9 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init,
-                 "interior": self.interior}
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger, release, late_init and interior must be 0 or 1; "
+            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
@@ -476,7 +471,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, INTERIOR: gl.constexpr):
+          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -518,7 +513,6 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
         rows = out_ptr + gl.expand_dims((v * NEXT_N + offs_j).to(gl.int64) * stride_om, 0)
         lens2 = gl.expand_dims(lens, 0)
-        lens_lo = gl.min(lens, 0)  # positions every row of the sequence sees
         qs, qph = _ring(qn, 2)
         mbarrier.wait(q_ready.index(qs), qph)
         q_op = q_smem.index(qs).permute((1, 0))
@@ -549,12 +543,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.arrive(empty.index(s), count=1)
             r = _head_sum(acc, w_row, NEXT_N, H)
             p2 = (t_lo + i) * 64 + offs_t
-            blk_ok = (blk >= 0) & (blk < num_blocks)
-            if INTERIOR and (t_lo + i + 1) * 64 <= lens_lo:
-                # every row sees the whole tile (and lens <= covered <= max_ctx): no per-cell bounds
-                gl.store(rows + p2, gl.where(blk_ok, r * sc, float("-inf")))
-            else:
-                gl.store(rows + p2, gl.where((p2 < lens2) & blk_ok, r * sc, float("-inf")), mask=p2 < max_ctx)
+            seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
+            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
         mbarrier.arrive(q_empty.index(qs), count=1)
         g += n_t
         qn += 1
@@ -622,7 +612,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
-                     INTERIOR: gl.constexpr, num_warps: gl.constexpr):
+                     num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -657,11 +647,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -674,11 +664,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -690,19 +680,19 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -715,19 +705,19 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, INTERIOR)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -752,7 +742,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
-            "LATE_INIT": bool(cfg.late_init), "INTERIOR": bool(cfg.interior),
+            "LATE_INIT": bool(cfg.late_init),
             "num_warps": 4}
 
 
