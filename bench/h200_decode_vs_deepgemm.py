@@ -37,8 +37,9 @@ With ``--separated`` every call in the graph follows a tiny plain kernel (one fl
 the time of a graph of those alone (replayed in the same rounds) is subtracted: no call overlaps the
 one before (a launch made dependent by PDL then waits on a kernel that neither triggers early nor is
 the op), as when an engine's neighbouring kernels are launched plainly (approximate: the plain
-kernels' own launch gaps partly hide behind the op's, so compare columns of one run). Without it calls follow each other, and
-a kernel that lets the next one launch early (``griddepcontrol.launch_dependents``) gains from it.
+kernels' own launch gaps partly hide behind the op's, so compare columns of one run). Without it
+calls follow each other, and a kernel that lets the next one launch early
+(``griddepcontrol.launch_dependents``) gains from it.
 Host: microseconds per call of 40 back-to-back eager calls per shape (no sync inside; fewer calls
 than the launch queue holds, so the GPU never holds the host back) for mqa-core's op, the Triton
 kernel alone (its default config) and DeepGEMM (plus the compat layer in the host table).
