@@ -9,8 +9,9 @@ ragged batches where the Gluon kernel trails most (issue 11): where its extra mi
 The script builds each batch (``h200_decode_vs_deepgemm.Batch``: contexts spread between half and
 full, 2-D lengths, no clean pass), calls each kernel ``WARMUP`` times per shape (compilation,
 descriptor encodings: 2 shapes x 2 kernels x 2 = the 8 launches skipped above; DeepGEMM's metadata
-kernel does not match the filter), then once more per shape and kernel (DeepGEMM, then Gluon): the
-four profiled launches. Each reads its own step's schedule, as in an engine's decode step: DeepGEMM
+kernel does not match the filter), then once more per shape and kernel (DeepGEMM, then each Gluon
+build of ``PROFILE_GLUON``): the four profiled launches (scale both counts with the builds). Each
+reads its own step's schedule, as in an engine's decode step: DeepGEMM
 its metadata, the Gluon kernel ``mqa_core.paged_schedule`` (64-token tiles). Not DeepGEMM's metadata:
 its rows count 256-token segments, which the Gluon kernel reads as tiles, so its programs' ranges
 overlap and some run ~1.8x longer (round 16: that is what rounds 15's and 16's first profiles of the
@@ -28,7 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from h200_decode_vs_deepgemm import BLOCK, Batch, D  # noqa: E402
+from h200_decode_vs_deepgemm import BLOCK, Batch, D, variant_config  # noqa: E402
 
 #: (B, context, next_n, H): the two shapes furthest behind DeepGEMM in round 10; ``PROFILE_SHAPES``
 #: replaces them ("B,C,next_n,H;..."; round 16: the large next_n = 2, H = 64 shapes, where the kernel
@@ -36,6 +37,8 @@ from h200_decode_vs_deepgemm import BLOCK, Batch, D  # noqa: E402
 #: launch's duration, round 15).
 SHAPES = tuple(tuple(int(x) for x in s.split(",")) for s in os.environ["PROFILE_SHAPES"].split(";")) \
     if os.environ.get("PROFILE_SHAPES") else ((32, 4096, 2, 64), (256, 4096, 1, 32))
+#: The Gluon builds profiled, as the decode bench's --gluon (``PROFILE_GLUON="ws,ws+stages=12"``).
+VARIANTS = os.environ.get("PROFILE_GLUON", "ws").split(",")
 #: Calls per kernel before the profiled one (compilation, descriptor encodings).
 WARMUP = 2
 
@@ -45,13 +48,14 @@ def main() -> int:
         print("needs a CUDA GPU (the H200)")
         return 2
     import deep_gemm
-    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import fp8_paged_mqa_logits_gluon
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import GluonPagedConfig, fp8_paged_mqa_logits_gluon
 
     import mqa_core
 
     g = torch.Generator(device="cuda").manual_seed(0)
     sms = deep_gemm.get_num_sms()
     prepared = []
+    configs = {name: variant_config(name, {"ws": GluonPagedConfig()}) for name in VARIANTS}
     for b, ctx, next_n, h in SHAPES:
         bt = Batch(b, ctx, "cuda", g, copies=1)
         q = (torch.randn(b, next_n, h, D, generator=g, device="cuda") * 1.5).to(torch.float8_e4m3fn)
@@ -63,9 +67,10 @@ def main() -> int:
         calls = {
             "deepgemm": lambda q=q, c=cache, w=w, lens=lens, t=table, m=meta, n=ctx:
                 deep_gemm.fp8_paged_mqa_logits(q, c, w, lens, t, m, n, False),
-            "gluon": lambda q=q, c=cache, w=w, lens=lens, t=table, m=split, n=ctx:
-                fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, False, schedule=m),
         }
+        for name, cfg in configs.items():  # each Gluon build named, e.g. gluon:ws+stages=12
+            calls[f"gluon:{name}"] = lambda q=q, c=cache, w=w, lens=lens, t=table, m=split, n=ctx, cfg=cfg: \
+                fp8_paged_mqa_logits_gluon(q, c, w, lens, t, n, False, schedule=m, config=cfg)
         for call in calls.values():
             for _ in range(WARMUP):
                 call()
@@ -82,8 +87,9 @@ def main() -> int:
             print(f"B={shape[0]} C={shape[1]} next_n={shape[2]} H={shape[3]} {name}: "
                   f"{start.elapsed_time(end) * 1e3:.1f} us (one eager call)")
         visible = torch.arange(shape[1], device="cuda")[None, :] < lens.reshape(-1, 1)
-        a, b = outs["deepgemm"][visible], outs["gluon"][visible]
-        print(f"  agree inside the contexts: max |diff| {(a - b).abs().max().item():.3g}")
+        for name in outs:
+            a, b = outs["deepgemm"][visible], outs[name][visible]
+            print(f"  {name} agrees with deepgemm inside the contexts: max |diff| {(a - b).abs().max().item():.3g}")
     return 0
 
 

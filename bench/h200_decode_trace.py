@@ -11,6 +11,7 @@ graph replay); the last call's stamps are reported. Same inputs as bench/h200_de
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 
@@ -28,7 +29,9 @@ def trace(batch: Batch, next_n: int, h: int, cfg) -> list[list[int]]:
     w = torch.rand(batch.batch * next_n, h, device="cuda", generator=g)
     lens = batch.lens_2d(next_n)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    buf = torch.zeros(sms, 16, dtype=torch.int64, device="cuda")
+    from mqa_provider_gluon.ops.paged_mqa_logits_gluon_sm90 import TRACE_WIDTH
+
+    buf = torch.zeros(sms, TRACE_WIDTH.value, dtype=torch.int64, device="cuda")
     import dataclasses
     cfg_t = dataclasses.replace(cfg, trace=1)
     for _ in range(3):
@@ -49,8 +52,24 @@ def report(rows: list[list[int]], label: str) -> None:
     print(f"{label}: clock {ghz:.2f} GHz, first start to last end {span} ns; "
           f"starts spread {max(r[0] for r in rows) - t0} ns; tiles per program {min(r[12] for r in rows)}-"
           f"{max(r[12] for r in rows)}")
+    # balance: when each program ends (ns after the first start) and how many share an SM
+    ends = sorted(r[11] - t0 for r in rows)
+    per_sm = collections.Counter(r[14] for r in rows)
+    print(f"  programs end at       min {ends[0]:8d} ns   median {ends[len(ends) // 2]:8d} ns   "
+          f"p90 {ends[len(ends) * 9 // 10]:8d} ns   max {ends[-1]:8d} ns; SMs used {len(per_sm)}, "
+          f"shared by 2+ programs {sum(n > 1 for n in per_sm.values())}")
+    # the steady state: per tile of warpgroup 0, cycles waiting for data, for its wgmma, in the epilogue
+    # (the rest: the warpgroup barrier, sequence switches); the loader's wait for free slots per tile
+    tiles = [max(r[19], 1) for r in rows]
+    per_tile = {name: statistics.median(r[i] / n for r, n in zip(rows, tiles))
+                for i, name in ((16, "data"), (17, "wgmma"), (18, "epilogue"))}
+    cycle = statistics.median((r[7] - r[6]) / n for r, n in zip(rows, tiles))
+    loader = statistics.median(r[15] / max(r[12], 1) for r in rows)
+    print(f"  wg0 per tile (cycles, median over programs): {cycle:.0f} in all; "
+          + ", ".join(f"{k} {v:.0f}" for k, v in per_tile.items())
+          + f"; loader waits {loader:.0f} per tile for a free slot")
     for i, name in enumerate(TRACE_EVENTS):
-        if i in (0, 1, 11, 12):
+        if i in (0, 1, 11, 12, 14) or i >= 15:
             continue
         vals = [(r[i] - r[1]) / ghz for r in rows if r[i]]
         if vals:

@@ -106,7 +106,7 @@ class GluonPagedConfig:
     #: block ids; their set-up (one ``bar.sync`` per stage, triton 3.6's barrier analysis) is then off
     #: the path to the first copy. 0: set up before ``warp_specialize`` (round 16's kernel).
     late_init: int = 1
-    #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, 16]
+    #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, TRACE_WIDTH]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
 
@@ -354,27 +354,44 @@ def _range(split, split_ready, sched_ptr, num_seqs, lay: gl.constexpr, PRESPLIT:
 
 
 #: What a ``trace=1`` build stamps, by column of the trace buffer (clock64 cycles of the SM, but the
-#: %globaltimer nanoseconds of 0 and 11, and the tile count of 12).
+#: %globaltimer nanoseconds of 0 and 11, the tile count of 12, the SM of 14). Columns 15-19 are sums over
+#: the program's tiles, in cycles: where the loader and warpgroup 0 spend the steady state.
 TRACE_EVENTS = ("start ns", "start", "split published", "loader has range", "first copy issued",
                 "last copy issued", "wg0 first tile ready", "wg0 done", "wg1 done", "wg2 done", "wg3 done", "end ns",
-                "tiles", "loader start")
+                "tiles", "loader start", "sm id", "loader waits for free slots", "wg0 waits for data",
+                "wg0 waits for its wgmma", "wg0 epilogue", "wg0 tiles")
+#: Columns per program of a trace buffer.
+TRACE_WIDTH = gl.constexpr(32)
 
 
 @_jit
 def _stamp(trace_ptr, idx: gl.constexpr, lay: gl.constexpr, NS: gl.constexpr):
     """A ``trace=1`` build's stamp: clock64 (or with NS %globaltimer) into trace[program, idx]."""
-    z = gl.zeros([1], gl.int32, lay)
     if NS:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [z], dtype=gl.int64, is_pure=False,
-                                      pack=1)
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [gl.zeros([1], gl.int32, lay)],
+                                      dtype=gl.int64, is_pure=False, pack=1)
     else:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [z], dtype=gl.int64, is_pure=False, pack=1)
+        t = _clock(lay)
     _put_trace(trace_ptr, idx, t, lay)
 
 
 @_jit
+def _clock(lay: gl.constexpr):
+    """[1] int64: the SM's clock64."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [gl.zeros([1], gl.int32, lay)],
+                                     dtype=gl.int64, is_pure=False, pack=1)
+
+
+@_jit
+def _tick(lay: gl.constexpr):
+    """[1] int32: the SM's 32-bit clock, for a ``trace=1`` build's short intervals (fewer registers)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,r", [gl.zeros([1], gl.int32, lay)],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
 def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
-    ptr = trace_ptr.to(gl.pointer_type(gl.int64), bitcast=True) + gl.program_id(0) * 16 + idx
+    ptr = trace_ptr.to(gl.pointer_type(gl.int64), bitcast=True) + gl.program_id(0) * TRACE_WIDTH + idx
     gl.store(ptr + gl.zeros([1], gl.int32, lay), value)
 
 
@@ -399,6 +416,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     lane = gl.arange(0, 32, layout=lay)
     g = 0
     qn = 0
+    waited = gl.zeros([1], gl.int64, lay)  # trace=1: cycles waiting for free slots
     # What each sequence starts with (its tile count, its first 32 block ids) is requested one sequence
     # ahead, so a switch of sequence does not wait for global memory; the first comes with the split.
     tiles = n_va
@@ -429,7 +447,11 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                 blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
                 s, ph = _ring(g, STAGES)
                 s2 = _ring(g, SC_SLOTS)[0]  # the scales' and ids' slot
+                if TRACE:
+                    t0 = _tick(lay)
                 mbarrier.wait(empty.index(s), ph ^ 1)
+                if TRACE:
+                    waited += (_tick(lay) - t0).to(gl.int64)
                 ids.index(s2).store(gl.zeros([1], gl.int32, lay) + blk)
                 mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
                 off = ((c + i) * 64) % BS
@@ -446,6 +468,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     if TRACE:
         _stamp(sched_ptr, 5, lay, False)
         _put_trace(sched_ptr, 12, gl.zeros([1], gl.int64, lay) + g, lay)
+        _put_trace(sched_ptr, 15, waited, lay)
 
 
 @_jit
@@ -489,6 +512,9 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
             _stamp(sched_ptr, 1, idl, False)
+            smid = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [gl.zeros([1], gl.int32, idl)],
+                                             dtype=gl.int32, is_pure=True, pack=1)
+            _put_trace(sched_ptr, 14, smid.to(gl.int64), idl)
         if LATE_INIT:
             _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
         if CLEAN or not PRESPLIT or TRACE:
@@ -503,6 +529,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         mbarrier.wait(split_ready.index(0), 0)  # the rings are set up
     g = 0
     qn = 0
+    spent = gl.zeros([4], gl.int64, gl.BlockedLayout([4], [32], [4], [0]))  # trace=1: data, wgmma, epilogue, tiles
     lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
     for v in range(va, v_end):
         lens = lens_n
@@ -526,16 +553,22 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 # every thread of this warpgroup has read its previous tile's scales and block id: the
                 # loader rewrites those slots only after a release that follows this barrier
                 gl.thread_barrier()
+            if TRACE:
+                c0 = _tick(idl)
             mbarrier.wait(ready.index(s), ph)
-            if TRACE and WG == 0:
-                if g + i == 0:
-                    _stamp(sched_ptr, 6, idl, False)
+            if TRACE:
+                c1 = _tick(idl)
+                if WG == 0:
+                    if g + i == 0:
+                        _stamp(sched_ptr, 6, idl, False)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
             # during the wgmma
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
             blk = gl.max(ids.index(s2).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
+            if TRACE:
+                c2 = _tick(idl)
             if RELEASE:
                 # an arrive with no bytes expected: triton 3.6's barrier analysis puts no bar.sync before it
                 mbarrier.expect(empty.index(s), 0)
@@ -545,6 +578,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
             gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
+            if TRACE:
+                spent = _account(spent, c0, c1, c2, _tick(idl))
         mbarrier.arrive(q_empty.index(qs), count=1)
         g += n_t
         qn += 1
@@ -552,6 +587,16 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         _stamp(sched_ptr, 7 + WG, idl, False)
         if WG == 0:
             _stamp(sched_ptr, 11, idl, True)
+            ptr = sched_ptr.to(gl.pointer_type(gl.int64), bitcast=True) + gl.program_id(0) * TRACE_WIDTH + 16
+            gl.store(ptr + gl.arange(0, 4, layout=spent.type.layout), spent)
+
+
+@_jit
+def _account(spent, c0, c1, c2, c3):
+    """trace=1: one tile's cycles added to [waiting for data, waiting for the wgmma, epilogue, tiles]."""
+    k = gl.arange(0, 4, layout=spent.type.layout)
+    one = gl.where(k == 0, gl.sum(c1 - c0, 0), gl.where(k == 1, gl.sum(c2 - c1, 0), gl.sum(c3 - c2, 0)))
+    return spent + gl.where(k == 3, 1, one).to(gl.int64)
 
 
 @_jit
