@@ -141,6 +141,9 @@ def test_config_rejects_a_ring_the_warpgroups_cannot_share():
         gp.GluonPagedConfig(math_wgs=4, stages=6)
     with pytest.raises(ValueError, match="2 or 4"):
         gp.GluonPagedConfig(math_wgs=3, stages=6)
+    for loaders, math_wgs in ((2, 4), (4, 2), (0, 4)):
+        with pytest.raises(ValueError, match=f"loaders must be 1, or 4 with math_wgs=4; got loaders={loaders}"):
+            gp.GluonPagedConfig(loaders=loaders, math_wgs=math_wgs)
 
 
 def test_unsupported_says_why_on_this_machine():
@@ -207,7 +210,8 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12), None)
+    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
+               gp.GluonPagedConfig(loaders=4), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
@@ -218,8 +222,8 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
 @pytest.mark.parametrize("clean", [True, False])
 def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     """Dozens of tiles per program, so every ring slot (values, scales, block ids) is refilled many
-    times: each way of handing a slot back (``release``) and of setting the rings up (``late_init``), with
-    rings of several depths."""
+    times: each way of handing a slot back (``release``), of setting the rings up (``late_init``) and of
+    loading them (``loaders``), with rings of several depths."""
     ctx = 60000
     inp = make_paged_inputs(8, 2, 64, 128, ctx, lens_2d=True, seed=11)
     g = torch.Generator().manual_seed(3)
@@ -230,7 +234,8 @@ def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     for config in (gp.GluonPagedConfig(release=0, late_init=0), gp.GluonPagedConfig(release=1, late_init=0),
                    gp.GluonPagedConfig(release=1),
-                   gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4)):
+                   gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4),
+                   gp.GluonPagedConfig(loaders=4), gp.GluonPagedConfig(loaders=4, stages=12)):
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
 
 
