@@ -100,6 +100,9 @@ class GluonPagedConfig:
     #: two), so the slot a tile reads them from is rewritten only after the warpgroup's next tile
     #: started, behind the barrier before that tile's wait. 0: a warpgroup barrier (``bar.sync``), then
     #: the release, per tile (round 16's kernel). Alone it measured neutral (bench/README.md, round 17).
+    #: 2: one warpgroup barrier right after the wgmma wait, then the first thread's release: every
+    #: warp's part of the wgmma is done and the tile's scales and id read before the slot goes back,
+    #: and the barrier analysis puts no barrier before the next wait.
     release: int = 1
     #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
     #: published with the split (``split_ready``), while the loader reads its range, lengths and first
@@ -118,10 +121,12 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "late_init": self.late_init}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
+            raise ValueError(f"GluonPagedConfig: pdl, trigger and late_init must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
+        if self.release not in (0, 1, 2):
+            raise ValueError(f"GluonPagedConfig.release must be 0, 1 or 2; got {self.release}")
         if self.loaders not in (1, 4) or (self.loaders == 4 and self.math_wgs != 4):
             raise ValueError(f"GluonPagedConfig.loaders must be 1, or 4 with math_wgs=4; got loaders={self.loaders}, "
                              f"math_wgs={self.math_wgs}")
@@ -569,7 +574,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s, ph = _ring(g + i, STAGES)
             s2 = _ring(g + i, SC_SLOTS)[0]
-            if RELEASE:
+            if RELEASE == 1:
                 # every thread of this warpgroup has read its previous tile's scales and block id: the
                 # loader rewrites those slots only after a release that follows this barrier
                 gl.thread_barrier()
@@ -587,6 +592,10 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
             blk = gl.max(ids.index(s2).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
+            if RELEASE == 2:
+                # every warp's wgmma is done and its scales and block id read; then the barrier analysis
+                # sees no hazard before the next tile's wait and puts none there
+                gl.thread_barrier()
             if TRACE:
                 c2 = _tick(idl)
             if RELEASE:
@@ -881,7 +890,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
-            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
+            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": cfg.release,
             "LATE_INIT": bool(cfg.late_init),
             # with the filler's warp too, 4 loaders make 21 warps, padded to 24: too few registers per
             # thread at launch for the wgmma of next_n * H = 128 (ptxas, AOT sm_90); one loader then
