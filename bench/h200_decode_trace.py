@@ -1,11 +1,14 @@
-"""Where the Gluon paged kernel's time goes on small ragged batches: a ``trace=1`` build stamps each
-SM's clock at fixed points (``TRACE_EVENTS``) and this prints, per event, the median and the slowest
-program's time since the program started, in ns (cycles at the clock the stamps measure).
+"""Where the Gluon paged kernel's time goes: a ``trace=1`` build stamps each SM's clock at fixed points
+(``TRACE_EVENTS``) and adds up, over warpgroup 0's tiles, the cycles it waits for data, for its wgmma
+and spends in the epilogue, and the loader's waits for a free slot. This prints, per shape and build:
+when the programs end (the balance) and whether any shares an SM, those per-tile cycles, and per event
+the median and the slowest program's time since the program started, in ns.
 
     python bench/h200_decode_trace.py [--shapes 32x4096x2x64,256x4096x1x32] [--variants ws,ws+stages=12]
 
 Each shape is run eagerly on R page pools in turn (so the timed call finds its cache in DRAM, as in
 graph replay); the last call's stamps are reported. Same inputs as bench/h200_decode_vs_deepgemm.py.
+The clock reads cost a few instructions per tile: compare builds within one run.
 """
 
 from __future__ import annotations
