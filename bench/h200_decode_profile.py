@@ -6,19 +6,19 @@ ragged batches where the Gluon kernel trails most (issue 11): where its extra mi
         --section SpeedOfLight --section WarpStateStats --section LaunchStats \\
         --section MemoryWorkloadAnalysis python bench/h200_decode_profile.py
 
-The script builds each batch (``h200_decode_vs_deepgemm.Batch``: contexts spread between half and
-full, 2-D lengths, no clean pass), calls each kernel ``WARMUP`` times per shape (compilation,
-descriptor encodings: 2 shapes x 2 kernels x 2 = the 8 launches skipped above; DeepGEMM's metadata
-kernel does not match the filter), then once more per shape and kernel (DeepGEMM, then each Gluon
-build of ``PROFILE_GLUON``): the four profiled launches (scale both counts with the builds). Each
-reads its own step's schedule, as in an engine's decode step: DeepGEMM
-its metadata, the Gluon kernel ``mqa_core.paged_schedule`` (64-token tiles). Not DeepGEMM's metadata:
-its rows count 256-token segments, which the Gluon kernel reads as tiles, so its programs' ranges
-overlap and some run ~1.8x longer (round 16: that is what rounds 15's and 16's first profiles of the
-Gluon kernel measured, 19.7 and 392 us where graph replay shows ~9 and ~235). Without ncu it prints
-each of those calls' CUDA-event time. The two kernels' outputs are compared inside the contexts (the
-decode bench checks both against the oracle). ``--section SourceCounters`` adds where warps stall, by
-SASS line (``ncu -i REPORT --page source --print-source sass --csv``).
+The script builds each batch (``h200_decode_vs_deepgemm.Batch``: contexts spread between half and full,
+2-D lengths, no clean pass), calls each kernel ``WARMUP`` times per shape (compilation, descriptor
+encodings: 2 shapes x 2 kernels x 2 = the 8 launches skipped above; DeepGEMM's metadata kernel does not
+match the filter), then once more per shape and kernel (DeepGEMM, then each Gluon build of
+``PROFILE_GLUON``): the four profiled launches (scale both counts with the builds). Each reads its own
+step's schedule, as in an engine's decode step: DeepGEMM its metadata, the Gluon kernel
+``mqa_core.paged_schedule`` (64-token tiles). Not DeepGEMM's metadata: its rows count 256-token
+segments, which the Gluon kernel reads as tiles, so its programs' ranges overlap and some run ~1.8x
+longer (round 16: that is what rounds 15's and 16's first profiles of the Gluon kernel measured, 19.7
+and 392 us where graph replay shows ~9 and ~235). Without ncu it prints each of those calls' CUDA-event
+time. The two kernels' outputs are compared inside the contexts (the decode bench checks both against
+the oracle). ``--section SourceCounters`` adds where warps stall, by SASS line (``ncu -i REPORT --page
+source --print-source sass --csv``, summed up by ``bench/ncu_stalls.py``).
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
+    """One profiled launch's block of the CSV: its header row and one row per SASS instruction."""
+
     name: str
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
@@ -36,7 +38,7 @@ def read(path: str) -> list[Kernel]:
             if row[0] == "Kernel Name":
                 kernels.append(Kernel(row[1]))
             elif kernels and row[0] == "Address":
-                kernels[-1].header = row
+                kernels[-1].header.extend(row)
             elif kernels and kernels[-1].header:
                 kernels[-1].rows.append(row)
     return kernels
