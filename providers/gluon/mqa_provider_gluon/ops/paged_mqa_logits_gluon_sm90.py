@@ -368,25 +368,27 @@ TRACE_WIDTH = gl.constexpr(32)
 def _stamp(trace_ptr, idx: gl.constexpr, lay: gl.constexpr, NS: gl.constexpr):
     """A ``trace=1`` build's stamp: clock64 (or with NS %globaltimer) into trace[program, idx]."""
     if NS:
-        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [gl.zeros([1], gl.int32, lay)],
-                                      dtype=gl.int64, is_pure=False, pack=1)
+        t = _sreg("mov.u64 $0, %globaltimer;", True, lay)
     else:
-        t = _clock(lay)
+        t = _sreg("mov.u64 $0, %clock64;", True, lay)
     _put_trace(trace_ptr, idx, t, lay)
-
-
-@_jit
-def _clock(lay: gl.constexpr):
-    """[1] int64: the SM's clock64."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [gl.zeros([1], gl.int32, lay)],
-                                     dtype=gl.int64, is_pure=False, pack=1)
 
 
 @_jit
 def _tick(lay: gl.constexpr):
     """[1] int32: the SM's 32-bit clock, for a ``trace=1`` build's short intervals (fewer registers)."""
-    return gl.inline_asm_elementwise("mov.u32 $0, %clock;", "=r,r", [gl.zeros([1], gl.int32, lay)],
-                                     dtype=gl.int32, is_pure=False, pack=1)
+    return _sreg("mov.u32 $0, %clock;", False, lay)
+
+
+@_jit
+def _sreg(ASM: gl.constexpr, WIDE: gl.constexpr, lay: gl.constexpr):
+    """[1] a special register that ``ASM`` moves into $0 (a clock, the SM id): int64 if WIDE, else int32."""
+    z = gl.zeros([1], gl.int32, lay)
+    if WIDE:
+        v = gl.inline_asm_elementwise(ASM, "=l,r", [z], dtype=gl.int64, is_pure=False, pack=1)
+    else:
+        v = gl.inline_asm_elementwise(ASM, "=r,r", [z], dtype=gl.int32, is_pure=False, pack=1)
+    return v
 
 
 @_jit
@@ -512,9 +514,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
             _stamp(sched_ptr, 1, idl, False)
-            smid = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [gl.zeros([1], gl.int32, idl)],
-                                             dtype=gl.int32, is_pure=True, pack=1)
-            _put_trace(sched_ptr, 14, smid.to(gl.int64), idl)
+            _put_trace(sched_ptr, 14, _sreg("mov.u32 $0, %smid;", False, idl).to(gl.int64), idl)
         if LATE_INIT:
             _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
         if CLEAN or not PRESPLIT or TRACE:
