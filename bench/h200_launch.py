@@ -150,7 +150,7 @@ def cpu_paged_stage(stack: ExitStack) -> None:
     gp_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
     triton_pair = kernels.paged_launcher(False, -1)
     kernels.paged_launcher = lambda use_gluon, index: (  # type: ignore[assignment]
-        (gp_op.fp8_paged_mqa_logits_sm90, gp_op.prepare_sm90) if use_gluon else triton_pair)
+        (gp_op.fp8_paged_mqa_logits_sm90, gp_op.prepare_sm90, True) if use_gluon else triton_pair)
     pg_op._stream = lambda index: 0  # type: ignore[assignment]
     torch.cuda.device = lambda device: contextlib.nullcontext()  # type: ignore[assignment,misc]
     mqa_core.api.arch_of_device = sm90  # type: ignore[assignment]
