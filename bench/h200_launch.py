@@ -138,6 +138,7 @@ def cpu_paged_stage(stack: ExitStack) -> None:
 
     from mqa_provider_gluon import kernels
     from mqa_provider_gluon.host_driver import HostOnlyDriver, host_only
+    from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as gl_op
     from mqa_provider_gluon.ops import paged_mqa_logits_gluon_sm90 as gp_op
     from mqa_provider_gluon.ops import paged_mqa_logits_triton as pg_op
 
@@ -147,10 +148,10 @@ def cpu_paged_stage(stack: ExitStack) -> None:
     sm90 = lambda device=None: "sm_90"  # noqa: E731
     pg_op._arch_of = sm90  # type: ignore[assignment]
     pg_op._device_facts = gp_op._device_facts = lambda index: (132, 65536, 233472, 2048)  # type: ignore
-    gp_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
-    triton_pair = kernels.paged_launcher(False, -1)
-    kernels.paged_launcher = lambda use_gluon, index: (  # type: ignore[assignment]
-        (gp_op.fp8_paged_mqa_logits_sm90, gp_op.prepare_sm90, True) if use_gluon else triton_pair)
+    gp_op.gluon_supported = gl_op.gluon_supported = lambda device=None: None  # type: ignore[assignment]
+    # the provider's own choice for an sm_90 device 0 (CPU tensors report device -1)
+    real_launcher = kernels.paged_launcher
+    kernels.paged_launcher = lambda use_gluon, index: real_launcher(use_gluon, 0)  # type: ignore[assignment]
     pg_op._stream = lambda index: 0  # type: ignore[assignment]
     torch.cuda.device = lambda device: contextlib.nullcontext()  # type: ignore[assignment,misc]
     mqa_core.api.arch_of_device = sm90  # type: ignore[assignment]
