@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from . import registry
 from .arch import arch_of_device, detect_arch, normalize_arch
 from .decision import Decision
-from .memo import MQA, PAGED, Op, Signature, remember
+from .memo import MQA, PAGED, Op, Signature, output_check, remember
 from .provider import Entry, Provider
 from .spec import OPS, Pair, Problem, dtype_pair
 
@@ -106,12 +106,12 @@ def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", ar
     provider's prepared call. (``table`` is None under MQA_VALIDATE=full: every call is checked.)"""
     key, hit = op.recall(table, *args, clean_logits)
     if hit is not None:  # selection matched the provider to the arch, pair and shape: no checks again
-        return hit[1].run(op, hit[0], args, clean_logits, hit[2])
+        return hit[1].run(op, hit[0], args, clean_logits, hit[2], hit[3])
     problem = op.check(*args, clean_logits, full=s.settings.validate_full)
     provider = registry.provider_for(arch_of_device(args[0].device), op.name, op.pair(args), problem, s=s)
     out = provider.run(op, problem, args, clean_logits)
     if key is not None:
-        remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits)))
+        remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits), output_check(out)))
     return out
 
 

@@ -48,7 +48,7 @@ from . import validate
 from .spec import Pair, Problem, ProviderSpec, dtype_name
 
 __all__ = ["MAX_SIGNATURES", "MQA", "PAGED", "CallTable", "Op", "Signature", "mqa_problem", "mqa_recall",
-           "paged_problem", "paged_recall", "remember"]
+           "output_check", "paged_problem", "paged_recall", "remember"]
 
 #: The most signatures one table remembers (engines send a handful of shapes per op).
 MAX_SIGNATURES = 1024
@@ -84,6 +84,14 @@ def _tensor_check(tensors: tuple[Any, ...]) -> Any:
         return check if check(*tensors) is True else False
     except Exception:  # another torch, or tensors it cannot guard: the full path
         return False
+
+
+def output_check(out: Any) -> Callable[[Any], bool] | None:
+    """The check a signature's later outputs are held to, built from its first (which passed
+    ``mqa_core.result.check_logits``): torch's guard of that output's type, dtype, device, sizes and
+    strides (~0.3 us in C++ against ~1 us of attribute reads), or None where none can be built (then
+    every output gets the full check)."""
+    return _tensor_check((out,)) or None
 
 
 def _found(table: Any, key: Signature, entry: Any, scalars: tuple[Any, ...], tensors: tuple[Any, ...]) -> None:

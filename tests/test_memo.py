@@ -152,13 +152,13 @@ def test_reload_forgets_every_signature(x, checks):
 
 def test_reload_with_another_forced_provider_is_obeyed_for_a_remembered_signature(x, monkeypatch):
     mqa_core.fp8_mqa_logits(*x.args())
-    assert {p.name for _, p, _ in registry.state().mqa_calls.values()} == {"torch_ref"}
+    assert {e[1].name for e in registry.state().mqa_calls.values()} == {"torch_ref"}
     monkeypatch.setenv("MQA_PROVIDER", "example_chunked")
     mqa_core.fp8_mqa_logits(*x.args())  # not reloaded: settings are read once
-    assert {p.name for _, p, _ in registry.state().mqa_calls.values()} == {"torch_ref"}
+    assert {e[1].name for e in registry.state().mqa_calls.values()} == {"torch_ref"}
     mqa_core.reload()
     mqa_core.fp8_mqa_logits(*x.args())
-    assert {p.name for _, p, _ in registry.state().mqa_calls.values()} == {"example_chunked"}
+    assert {e[1].name for e in registry.state().mqa_calls.values()} == {"example_chunked"}
 
 
 def test_full_validation_checks_every_call_and_its_values(x, checks, monkeypatch):
@@ -285,12 +285,13 @@ def test_moved_start_addresses_keep_the_signature_and_the_result(x, y, checks, o
 
 def test_paged_problems_carry_next_n_and_block_size(y):
     mqa_core.fp8_paged_mqa_logits(*y.args())
-    (problem, provider, prepared), = registry.state().paged_calls.values()
+    (problem, provider, prepared, out_check), = registry.state().paged_calls.values()
     assert problem == Problem(4, 100, 4, 64, next_n=2, block_size=16) and provider.name == "torch_ref"
     assert prepared is None  # torch_ref's kernel object prepares nothing: its method serves every call
+    assert out_check(torch.empty(4, 100)) and not out_check(torch.empty(4, 101))
     p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
     p.fp8_paged_mqa_logits(*y.args())
-    assert list(p._passed_paged.values()) == [(problem, p, None)]
+    assert [e[:3] for e in p._passed_paged.values()] == [(problem, p, None)]
     assert str(problem) == "M=4,N=100,H=4,D=64,next_n=2,block_size=16"
     assert key_of("fp8_paged_mqa_logits", problem)[-1] == 2
 
@@ -298,10 +299,11 @@ def test_paged_problems_carry_next_n_and_block_size(y):
 class Preparing:
     """A kernel object that prepares a call per signature for both ops (what the Triton provider's
     does), counting what it prepares and serves; ``wrong`` makes the prepared call return a
-    transposed result."""
+    transposed result, ``alter`` (a function of the result) whatever it returns."""
 
     def __init__(self, inner, wrong: bool = False) -> None:
         self.inner, self.wrong, self.prepared, self.served = inner, wrong, [], 0
+        self.alter = None
 
     def fp8_mqa_logits(self, *a, **k):
         return self.inner.fp8_mqa_logits(*a, **k)
@@ -316,6 +318,8 @@ class Preparing:
         def call(*tensors):
             self.served += 1
             out = getattr(self.inner, op)(*tensors, *scalars, clean_logits=clean_logits)
+            if self.alter is not None:
+                return self.alter(out)
             return out.t() if self.wrong else out
         return call
 
@@ -357,6 +361,55 @@ def test_a_prepared_call_serves_the_later_calls_of_its_signature(checks, monkeyp
     m, n = outs[0].shape
     with pytest.raises(mqa_core.ProviderResultError, match=rf"shape \[{n}, {m}\] \(expected \[{m}, {n}\]\)"):
         fn(*inp.args())
+
+
+def _logits_in_wider_rows(out):
+    wide = torch.full((out.shape[0], out.shape[1] + 3), float("nan"))
+    wide[:, :out.shape[1]] = out
+    return wide[:, :out.shape[1]]
+
+
+#: Results a prepared call may hand back after its signature's first: (alteration, the full check's
+#: complaint or None where the contract allows the result).
+LATER_RESULTS = {
+    "same layout": (lambda out: out.clone(), None),
+    "padded rows": (_logits_in_wider_rows, None),
+    "float64": (lambda out: out.double(), r"dtype float64 \(expected float32\)"),
+    "columns strided": (lambda out: torch.stack([out, out], -1)[..., 0], r"last dim not contiguous"),
+    "a list": (lambda out: out.tolist(), r"got builtins.list"),
+    "meta": (lambda out: out.to("meta"), r"device meta"),
+}
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+@pytest.mark.parametrize("later", list(LATER_RESULTS))
+def test_later_results_of_a_signature_are_held_to_the_contract(monkeypatch, op, later):
+    """A remembered signature's results are checked against its first (one C++ guard); one that
+    differs in any way gets the full check, which passes what the contract allows (rows padded) and
+    names what it does not."""
+    from mqa_core import result
+
+    full = []
+    check_logits = result.check_logits
+    monkeypatch.setattr(result, "check_logits", lambda *a: (full.append(1), check_logits(*a))[1])
+    p = mqa_core.get_provider("cpu", op=op)
+    kernel = Preparing(p.impl)
+    monkeypatch.setattr(p, "impl", kernel)
+    inp = op_inputs(op, 2, seed=7)
+    fn = getattr(p, op)
+    first = fn(*inp.args())
+    fn(*inp.args())
+    assert kernel.served == 1 and len(full) == 1  # the first call's: the prepared one's passed the guard
+    alter, complaint = LATER_RESULTS[later]
+    kernel.alter = alter
+    if complaint is None:
+        out = fn(*inp.args())
+        assert torch.equal(out, first)
+        assert len(full) == (1 if later == "same layout" else 2)
+    else:
+        with pytest.raises(mqa_core.ProviderResultError, match=complaint):
+            fn(*inp.args())
+        assert len(full) == 2
 
 
 @pytest.mark.parametrize("op", OP_NAMES)

@@ -129,23 +129,26 @@ class BoundKernel:
     def __call__(self, g0: int, g1: int, g2: int, stream: int, args: tuple[Any, ...]) -> None:
         self._launch(g0, g1, g2, stream, *self._head, *args)
 
-    def descriptor(self, key: tuple[Any, ...], make: Callable[[], Any]) -> tuple[Any, ...]:
+    def descriptor(self, key: tuple[Any, ...], make: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
         """The launcher arguments a tensor-descriptor parameter expands to. ``key`` = (descriptor
         number, 0 for the kernel's first; the tensor's data pointer, shape, strides: whatever
-        identifies the descriptor ``make()`` would build). Holds no tensor: base pointers become ints."""
-        return self.descriptors(key, lambda: (make(),))
+        identifies the descriptor ``make(*args)`` would build). Holds no tensor: base pointers become
+        ints. (``make`` and its arguments, not a closure: the per-call path builds no function.)"""
+        expanded = self._tma.get(key)
+        return expanded if expanded is not None else self._expand(key, (make(*args),))
 
-    def descriptors(self, key: tuple[Any, ...], make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
-        """:meth:`descriptor` for consecutive descriptor parameters at once (``make()`` builds them,
+    def descriptors(self, key: tuple[Any, ...], make: Callable[..., tuple[Any, ...]], *args: Any) -> tuple[Any, ...]:
+        """:meth:`descriptor` for consecutive descriptor parameters at once (``make(*args)`` builds them,
         the first is number ``key[0]``): one lookup for several views of one tensor (a page pool's
         values and scales). Key each tensor apart: one key over several tensors multiplies entries."""
         expanded = self._tma.get(key)
-        if expanded is not None:
-            return expanded
+        return expanded if expanded is not None else self._expand(key, make(*args))
+
+    def _expand(self, key: tuple[Any, ...], descs: tuple[Any, ...]) -> tuple[Any, ...]:
         from triton.backends.nvidia.driver import make_tensordesc_arg
 
         expanded = tuple(a.data_ptr() if hasattr(a, "data_ptr") else a
-                         for i, desc in enumerate(make()) for a in make_tensordesc_arg(desc, self._meta[key[0] + i]))
+                         for i, desc in enumerate(descs) for a in make_tensordesc_arg(desc, self._meta[key[0] + i]))
         if len(self._tma) >= _TMA_CACHE:
             self._tma.pop(next(iter(self._tma)), None)
         self._tma[key] = expanded

@@ -1084,8 +1084,8 @@ def _launch_bound(bound: Any, plan: _Plan, grid: tuple[int, int], ptrs: tuple[in
     output's (then the persistent kernel's scheduler counters'); ``ints``: the output's row stride, M,
     N (then the split counts of the persistent kernel)."""
     M, N = ints[1], ints[2]
-    q_desc = bound.descriptor((0, ptrs[0], M), lambda: _q_descriptor(q, plan))
-    k_desc = bound.descriptor((1, ptrs[1], N, skn), lambda: _k_descriptor(k, plan))
+    q_desc = bound.descriptor((0, ptrs[0], M), _q_descriptor, q, plan)
+    k_desc = bound.descriptor((1, ptrs[1], N, skn), _k_descriptor, k, plan)
     args = (*q_desc, *k_desc, ptrs[3], ptrs[2], ptrs[4], ptrs[5], *out_ptrs, *ints, *plan.tail)
     index = plan.device.index
     drv = _driver.active

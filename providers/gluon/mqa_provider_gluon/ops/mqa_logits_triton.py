@@ -477,7 +477,7 @@ def _launch_bound(bound: BoundKernel, plan: _Plan, grid: int, ptrs: tuple[int, .
     ``strides``: q's, then the row strides of k, k_scale and weights."""
     qs, skn, sks, swm = strides
     if plan.tma:
-        k_desc = bound.descriptor((0, ptrs[1], n, skn), lambda: _k_descriptor(k, plan.cfg, plan.arch))
+        k_desc = bound.descriptor((0, ptrs[1], n, skn), _k_descriptor, k, plan.cfg, plan.arch)
     else:
         k_desc = [None]
     index = plan.device.index

@@ -906,9 +906,9 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     bound = launch.bound
     b, nb = tail[0], tail[3]
     # keyed per tensor (an engine's q, weights and per-layer pools combine into many more triples)
-    q_desc = bound.descriptor((0, ptrs[0], b), lambda: _q_descriptor(q))
-    w_desc = bound.descriptor((1, ptrs[2], b), lambda: _w_descriptor(weights, q.shape[1]))
-    kv_descs = bound.descriptors((2, ptrs[1], nb), lambda: _kv_descriptors(kv_cache, q.dtype))
+    q_desc = bound.descriptor((0, ptrs[0], b), _q_descriptor, q)
+    w_desc = bound.descriptor((1, ptrs[2], b), _w_descriptor, weights, q.shape[1])
+    kv_descs = bound.descriptors((2, ptrs[1], nb), _kv_descriptors, kv_cache, q.dtype)
     _launch_on(bound, launch.grid, index, (*q_desc, *w_desc, *kv_descs, ptrs[3], ptrs[4], sched or ptrs[3],
                                            out.data_ptr(), *tail))
     return out

@@ -692,8 +692,8 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
         return out.fill_(float("-inf"))
     kv_ptr = kv_cache.data_ptr()
     if launch.tma:  # everything else the descriptor depends on is part of the call signature
-        desc = launch.bound.descriptor((0, kv_ptr, num_blocks), lambda: _kv_descriptor(
-            kv_cache, q.dtype, _Shape(*q.shape[1:], block_size, launch.tile)))
+        desc = launch.bound.descriptor((0, kv_ptr, num_blocks), _kv_descriptor, kv_cache, q.dtype,
+                                       _Shape(*q.shape[1:], block_size, launch.tile))
     else:
         desc = (None,)
     args = (q.data_ptr(), kv_ptr, *desc, weights.data_ptr(), lens.data_ptr(), tables.data_ptr(),
@@ -757,8 +757,8 @@ class PreparedCall:
         launch = self.launch
         kv_ptr = ptrs[1]
         if launch.tma:
-            desc = launch.bound.descriptor((0, kv_ptr, self.num_blocks), lambda: _kv_descriptor(
-                kv_cache, q.dtype, self.shape))
+            desc = launch.bound.descriptor((0, kv_ptr, self.num_blocks), _kv_descriptor, kv_cache, q.dtype,
+                                           self.shape)
         else:
             desc = (None,)
         _launch_on(launch.bound, launch.programs, self.index,
