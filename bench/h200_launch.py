@@ -39,7 +39,9 @@ next_n in {2, 1} with 2-D and 1-D context lengths, clean_logits=False (DeepGEMM'
 ``MQA_PROVIDER=P``), rows outermost first: ``P api`` (``mqa_core.fp8_paged_mqa_logits``), ``P provider``
 (``Provider.fp8_paged_mqa_logits`` of ``get_provider(op="fp8_paged_mqa_logits")``), ``P prepared`` (the
 kernel object's ``prepare_fp8_paged_mqa_logits`` call, what the api's remembered signatures run),
-``P kernel`` (``fp8_paged_mqa_logits_triton`` / ``fp8_paged_mqa_logits_gluon``, default config); beside
+``P kernel`` (``fp8_paged_mqa_logits_triton`` / ``fp8_paged_mqa_logits_gluon``, default config), ``P compat``
+(``mqa_core.compat.deep_gemm.fp8_paged_mqa_logits`` with the step's metadata: the public op with a
+schedule, as an engine that swapped the import calls it); beside
 them in the same rounds ``deepgemm`` (its whole call, metadata computed once) and ``torch.empty``. With
 ``--cpu`` the op modules see an sm_90 device with 132 SMs and stream 0, and the core's arch lookup
 answers sm_90 for the CPU tensors (so both providers are chosen and validated as on the H200); what
@@ -167,11 +169,15 @@ def paged_rows(device: str, next_n: int, lens_2d: bool, name: str) -> dict[str, 
     from mqa_provider_gluon.ops.paged_mqa_logits_triton import fp8_paged_mqa_logits_triton
 
     import mqa_core
+    from mqa_core.compat import deep_gemm as compat
     from mqa_core.testing import make_paged_inputs
 
     x = make_paged_inputs(PAGED_B, next_n, PAGED_H, D, PAGED_CTX, block_size=PAGED_BLOCK, device=device,
                           seed=next_n, lens_2d=lens_2d)
     args, n = x.args(), x.max_context_len
+    # the step's schedule, once for all its calls (as an engine calls DeepGEMM's metadata)
+    step_meta = compat.get_paged_mqa_logits_metadata(x.context_lens, PAGED_BLOCK, 132 if device == "cpu" else
+                                                     torch.cuda.get_device_properties(device).multi_processor_count)
     provider = mqa_core.get_provider("sm_90" if device == "cpu" else None, op="fp8_paged_mqa_logits",
                                      dtype=x.q.dtype)
     if provider.name != name:
@@ -188,6 +194,8 @@ def paged_rows(device: str, next_n: int, lens_2d: bool, name: str) -> dict[str, 
         f"{name} provider": lambda: provider_fn(*args, clean_logits=PAGED_CLEAN),
         f"{name} prepared": lambda: prepared(*args[:5]),
         f"{name} kernel": lambda: kernel(*args, PAGED_CLEAN),
+        f"{name} compat": lambda: compat.fp8_paged_mqa_logits(x.q, x.kv_cache, x.weights, x.context_lens,
+                                                              x.block_tables, step_meta, n, PAGED_CLEAN),
     }
     if device != "cpu":
         try:

@@ -124,6 +124,15 @@ def test_paged_schedule_meta_is_checked():
         deep_gemm.fp8_paged_mqa_logits(*inp.args()[:5], torch.zeros(3, 2), 64)
     with pytest.raises(TypeError, match="schedule_meta must be int32"):
         deep_gemm.fp8_paged_mqa_logits(*inp.args()[:5], 64, 64)  # the old 6th argument
+    with pytest.raises(TypeError, match="schedule_meta must be int32.*got NoneType"):
+        deep_gemm.fp8_paged_mqa_logits(*inp.args()[:5], None, 64)  # DeepGEMM requires one
+    meta = deep_gemm.get_paged_mqa_logits_metadata(inp.context_lens, 64, 4)
+    deep_gemm.fp8_paged_mqa_logits(*inp.args()[:5], meta, 64)  # a known signature from here on
+    for wrong in (meta.long(), meta[:, :1], meta[:1], meta.flatten()):
+        with pytest.raises(TypeError, match="schedule_meta must be int32"):
+            deep_gemm.fp8_paged_mqa_logits(*inp.args()[:5], wrong, 64)
+    with pytest.raises(TypeError, match="weights must be float32"):  # not the schedule's fault
+        deep_gemm.fp8_paged_mqa_logits(inp.q, inp.kv_cache, inp.weights.double(), *inp.args()[3:5], meta, 64)
 
 
 def test_dispatch_follows_mqa_core_choice(monkeypatch):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 import mqa_core
-from mqa_core.schedule import describe, paged_schedule
+from mqa_core.schedule import describe, paged_schedule, schedule_problem
 
 __all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata"]
 
@@ -101,9 +101,19 @@ def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch
     ``p < context_lens[b] - next_n + j + 1`` (1-D). ``kv_cache`` may be a strided page pool.
     Cells outside a row's context are -inf with ``clean_logits``, unspecified without.
     """
-    if not isinstance(schedule_meta, torch.Tensor) or schedule_meta.dtype != torch.int32 \
-            or schedule_meta.dim() != 2 or schedule_meta.shape[1] != 2 or schedule_meta.shape[0] < 2:
+    if schedule_meta is None:  # DeepGEMM requires one; the core would take None as "no schedule"
+        _schedule_meta_check(schedule_meta)
+    try:  # the core checks the schedule's layout on a new signature; a known one was checked before
+        return mqa_core.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len,
+                                             clean_logits=clean_logits, schedule=schedule_meta)
+    except (TypeError, ValueError) as exc:
+        _schedule_meta_check(schedule_meta, exc)  # DeepGEMM's name for it, before any other complaint
+        raise
+
+
+def _schedule_meta_check(schedule_meta: object, cause: BaseException | None = None) -> None:
+    """TypeError unless ``schedule_meta`` is laid out as :func:`get_paged_mqa_logits_metadata` makes it
+    (the core's layout check, with DeepGEMM's name for the argument; None is refused)."""
+    if schedule_meta is None or schedule_problem(schedule_meta, getattr(schedule_meta, "device", None)):
         raise TypeError("fp8_paged_mqa_logits: schedule_meta must be int32 [num_sms + 1, 2] (from "
-                        f"get_paged_mqa_logits_metadata); got {describe(schedule_meta)}")
-    return mqa_core.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table,
-                                         max_context_len, clean_logits=clean_logits, schedule=schedule_meta)
+                        f"get_paged_mqa_logits_metadata); got {describe(schedule_meta)}") from cause
