@@ -596,15 +596,15 @@ class _Shape:
                 "NEXT_PF": bool(ptx and cfg.pipe)}
 
 
-def _kv_descriptor(kv_cache: torch.Tensor, dtype: torch.dtype, shape: _Shape) -> Any:
+def _kv_descriptor(kv_cache: torch.Tensor, dtype: torch.dtype, d: int, tile: int) -> Any:
     """A host TMA descriptor viewing the cache values as [blocks, block_size, D] (rows D bytes apart,
-    blocks ``stride(0)`` bytes apart)."""
+    blocks ``stride(0)`` bytes apart), boxes of [1, tile, D]. Plain arguments: the per-call paths hand
+    them to ``BoundKernel.descriptor`` without building anything."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    stride = kv_cache.stride(0)
-    values = kv_cache.as_strided((kv_cache.shape[0], shape.block_size, shape.d), (stride, shape.d, 1))
-    return TensorDescriptor(values.view(dtype), [kv_cache.shape[0], shape.block_size, shape.d],
-                            [stride, shape.d, 1], [1, shape.tile, shape.d])
+    blocks, block_size, stride = kv_cache.shape[0], kv_cache.shape[1], kv_cache.stride(0)
+    values = kv_cache.as_strided((blocks, block_size, d), (stride, d, 1))
+    return TensorDescriptor(values.view(dtype), [blocks, block_size, d], [stride, d, 1], [1, tile, d])
 
 
 def _tma_usable(kv_cache: torch.Tensor, shape: _Shape, arch: str) -> bool:
@@ -693,7 +693,7 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     kv_ptr = kv_cache.data_ptr()
     if launch.tma:  # everything else the descriptor depends on is part of the call signature
         desc = launch.bound.descriptor((0, kv_ptr, num_blocks), _kv_descriptor, kv_cache, q.dtype,
-                                       _Shape(*q.shape[1:], block_size, launch.tile))
+                                       q.shape[3], launch.tile)
     else:
         desc = (None,)
     args = (q.data_ptr(), kv_ptr, *desc, weights.data_ptr(), lens.data_ptr(), tables.data_ptr(),
@@ -758,7 +758,7 @@ class PreparedCall:
         kv_ptr = ptrs[1]
         if launch.tma:
             desc = launch.bound.descriptor((0, kv_ptr, self.num_blocks), _kv_descriptor, kv_cache, q.dtype,
-                                           self.shape)
+                                           self.shape.d, self.shape.tile)
         else:
             desc = (None,)
         _launch_on(launch.bound, launch.programs, self.index,
@@ -912,7 +912,7 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
         return out.fill_(float("-inf"))
     shape = _Shape(next_n, h, d, block_size, cfg.tile)
     tma = cfg.tma and not kv_fnuz and _tma_usable(kv_cache, shape, arch)
-    desc = _kv_descriptor(kv_cache, q.dtype, shape) if tma else None
+    desc = _kv_descriptor(kv_cache, q.dtype, shape.d, shape.tile) if tma else None
     prefetch = cfg.prefetch if (not interpret and torch.version.hip is None) else 0  # PTX only
     ptx = not interpret and torch.version.hip is None
     constexprs = shape.constexprs(cfg, context_lens.dim() == 2, clean_logits, kv_fnuz, tma, prefetch, ptx)
