@@ -175,9 +175,9 @@ def paged_rows(device: str, next_n: int, lens_2d: bool, name: str) -> dict[str, 
     x = make_paged_inputs(PAGED_B, next_n, PAGED_H, D, PAGED_CTX, block_size=PAGED_BLOCK, device=device,
                           seed=next_n, lens_2d=lens_2d)
     args, n = x.args(), x.max_context_len
-    # the step's schedule, once for all its calls (as an engine calls DeepGEMM's metadata)
-    step_meta = compat.get_paged_mqa_logits_metadata(x.context_lens, PAGED_BLOCK, 132 if device == "cpu" else
-                                                     torch.cuda.get_device_properties(device).multi_processor_count)
+    # the step's schedule, once for all its calls: what compat's get_paged_mqa_logits_metadata returns
+    # (mqa_core.paged_schedule over the device's multiprocessors; the CPU stage's sm_90 has 132)
+    step_meta = mqa_core.paged_schedule(x.context_lens, 132 if device == "cpu" else None)
     provider = mqa_core.get_provider("sm_90" if device == "cpu" else None, op="fp8_paged_mqa_logits",
                                      dtype=x.q.dtype)
     if provider.name != name:
