@@ -132,8 +132,8 @@ def test_config_rejects_unknown_launch_modes():
     for field in ("pdl", "trigger", "late_init"):
         with pytest.raises(ValueError, match=f"pdl, trigger and late_init must be 0 or 1.*{field}=2"):
             gp.GluonPagedConfig(**{field: 2})
-    with pytest.raises(ValueError, match="release must be 0, 1 or 2; got 3"):
-        gp.GluonPagedConfig(release=3)
+    with pytest.raises(ValueError, match="release must be 0, 1, 2 or 3; got 4"):
+        gp.GluonPagedConfig(release=4)
 
 
 def _tile_loop_barriers(sass: str) -> list[int]:
@@ -162,12 +162,13 @@ def test_release_2_runs_the_tile_loops_without_a_warpgroup_barrier(math_wgs):
     from mqa_provider_gluon.aot import sass
 
     loops = {}
-    for release in (1, 2):
+    for release in (1, 2, 3):
         cfg = gp.GluonPagedConfig(release=release, math_wgs=math_wgs, stages=8)
         k = gp.compile_sm90(next_n=2, h=64, presplit=True, config=cfg)
         loops[release] = _tile_loop_barriers(sass({**k.asm, "metadata": k.metadata}))
         assert len(loops[release]) == math_wgs, loops
-    assert loops[1] == [1] * math_wgs and loops[2] == [0] * math_wgs, loops
+    assert loops[1] == [1] * math_wgs and loops[2] == loops[3] == [0] * math_wgs, loops
+    assert "NANOSLEEP" in sass({**k.asm, "metadata": k.metadata})  # release=3's waits sleep
     ptx = k.asm["ptx"]
     assert "mbarrier.try_wait.parity.shared::cta.b64" in ptx and "elect.sync" in ptx
     assert k.asm["llir"].count(f"@global_smem, i32 {gp.ring_offset(k.asm['llir'], 8) & 0x3FFFF})") >= 1
@@ -258,7 +259,7 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
     configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
-               gp.GluonPagedConfig(release=2), None)
+               gp.GluonPagedConfig(release=2), gp.GluonPagedConfig(release=3), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
@@ -280,7 +281,7 @@ def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, ctx)
     args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     for config in (gp.GluonPagedConfig(release=0, late_init=0), gp.GluonPagedConfig(release=1, late_init=0),
-                   gp.GluonPagedConfig(release=1), gp.GluonPagedConfig(release=2),
+                   gp.GluonPagedConfig(release=1), gp.GluonPagedConfig(release=2), gp.GluonPagedConfig(release=3),
                    gp.GluonPagedConfig(release=2, math_wgs=2, stages=4), gp.GluonPagedConfig(release=2, late_init=0),
                    gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4)):
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)

@@ -104,7 +104,9 @@ class GluonPagedConfig:
     #: (one elected arrive; the slot's barrier counts four) in PTX of their own, since triton 3.6's
     #: barrier analysis puts a ``bar.sync`` before every Gluon mbarrier operation in a loop. That PTX
     #: reaches the barriers by their offset into shared memory, read from a first build
-    #: (:func:`with_ring_offset`).
+    #: (:func:`with_ring_offset`). 3: as 2, and those waits (the loader's for a free slot too) carry a
+    #: suspend-time hint, so a waiting warp sleeps until the phase completes instead of polling again
+    #: (CUTLASS's waits, which DeepGEMM's SASS shows as ``NANOSLEEP.SYNCS``).
     release: int = 1
     #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
     #: published with the split (``split_ready``), while the loader reads its range, lengths and first
@@ -122,8 +124,8 @@ class GluonPagedConfig:
         if any(v not in (0, 1) for v in flags.values()):
             raise ValueError(f"GluonPagedConfig: pdl, trigger and late_init must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
-        if self.release not in (0, 1, 2):
-            raise ValueError(f"GluonPagedConfig.release must be 0, 1 or 2; got {self.release}")
+        if self.release not in (0, 1, 2, 3):
+            raise ValueError(f"GluonPagedConfig.release must be 0, 1, 2 or 3; got {self.release}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -408,7 +410,8 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr,
+            RELEASE: gl.constexpr, RING_OFF: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
@@ -458,7 +461,10 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                 s2 = _ring(g, SC_SLOTS)[0]  # the scales' and ids' slot
                 if TRACE:
                     t0 = _tick(lay)
-                mbarrier.wait(empty.index(s), ph ^ 1)
+                if RELEASE >= 2:
+                    _ring_wait((RING_OFF >> 18) + 8 * s, ph ^ 1, lay, RELEASE == 3)
+                else:
+                    mbarrier.wait(empty.index(s), ph ^ 1)
                 if TRACE:
                     waited += (_tick(lay) - t0).to(gl.int64)
                 ids.index(s2).store(gl.zeros([1], gl.int32, lay) + blk)
@@ -499,16 +505,20 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _ring_wait(off, phase, lay: gl.constexpr):
+def _ring_wait(off, phase, lay: gl.constexpr, SLEEP: gl.constexpr):
     """RELEASE == 2: this thread waits for phase ``phase`` of the mbarrier ``off`` bytes into shared memory,
     in PTX of its own (a Gluon wait in a loop gets a warpgroup barrier before it: triton 3.6's barrier
     analysis counts every mbarrier operation as a write). The memory clobber keeps the tile's shared
     loads after it."""
     z = gl.zeros([1], gl.int32, lay)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
-        "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2; @!p bra WAIT; } mov.u32 $0, 0;",
-        "=r,r,r,~{memory}", [z + off, z + phase], dtype=gl.int32, is_pure=False, pack=1)
+    if SLEEP:  # a suspend-time hint (10 ms, CUTLASS's): the thread sleeps until the phase completes
+        asm: gl.constexpr = ("{ .reg .pred p; .reg .b32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
+                             "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2, 10000000; @!p bra WAIT; } "
+                             "mov.u32 $0, 0;")
+    else:
+        asm: gl.constexpr = ("{ .reg .pred p; .reg .b32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
+                             "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2; @!p bra WAIT; } mov.u32 $0, 0;")
+    gl.inline_asm_elementwise(asm, "=r,r,r,~{memory}", [z + off, z + phase], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
@@ -587,8 +597,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 gl.thread_barrier()
             if TRACE:
                 c0 = _tick(idl)
-            if RELEASE == 2:
-                _ring_wait((RING_OFF & 0x3FFFF) + 8 * s, ph, idl)
+            if RELEASE >= 2:
+                _ring_wait((RING_OFF & 0x3FFFF) + 8 * s, ph, idl, RELEASE == 3)
             else:
                 mbarrier.wait(ready.index(s), ph)
             if TRACE:
@@ -604,7 +614,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             if TRACE:
                 c2 = _tick(idl)
-            if RELEASE == 2:
+            if RELEASE >= 2:
                 _ring_arrive((RING_OFF >> 18) + 8 * s, idl)
             elif RELEASE == 1:
                 # an arrive with no bytes expected: triton 3.6's barrier analysis puts no bar.sync before it
@@ -663,7 +673,7 @@ def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: 
     back (its math warpgroup); a q slot is handed back by every math warpgroup."""
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=4 if RELEASE == 2 else 1)  # 2: one arrive per warp
+        mbarrier.init(empty.index(i), count=4 if RELEASE >= 2 else 1)  # 2: one arrive per warp
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)
@@ -739,7 +749,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT)),
+                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -756,7 +766,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT)),
+                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
@@ -780,7 +790,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT)),
+                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -805,7 +815,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT)),
+                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -1027,7 +1037,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
             context_lens if schedule is None else schedule, out, b, max_context_len,
             min(max_context_len, block_tables.shape[1] * bs), nb, *strides, out.stride(0))
     with torch.cuda.device(q.device):
-        if constexprs["RELEASE"] == 2:  # compiled (not run) first, to learn RING_OFF
+        if constexprs["RELEASE"] >= 2:  # compiled (not run) first, to learn RING_OFF
             constexprs = with_ring_offset(
                 lambda kw: _paged_kernel_ws.warmup(*args, grid=(grid,), launch_pdl=bool(cfg.pdl), **kw), constexprs)[1]
         compiled = _paged_kernel_ws[(grid,)](*args, launch_pdl=bool(cfg.pdl), **constexprs)
@@ -1213,7 +1223,7 @@ def with_ring_offset(build: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, Any
     """``(build(kw), kw)``; for RELEASE == 2 built twice: first to learn where the allocator put the tile
     ring's barriers (the inline PTX that reaches them takes their offsets as a constant, which moves no
     allocation), then with RING_OFF set, checked to be where that build put them. Never run the first."""
-    if kw["RELEASE"] != 2:
+    if kw["RELEASE"] < 2:
         return build(kw), kw
     off = ring_offset(build(kw).asm["llir"], kw["STAGES"])
     kw = {**kw, "RING_OFF": off}
