@@ -517,7 +517,8 @@ def _ring_wait(off, phase, lay: gl.constexpr, SLEEP: gl.constexpr):
                              "mov.u32 $0, 0;")
     else:
         asm: gl.constexpr = ("{ .reg .pred p; .reg .b32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
-                             "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2; @!p bra WAIT; } mov.u32 $0, 0;")
+                             "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2; @!p bra WAIT; } "
+                             "mov.u32 $0, 0;")
     gl.inline_asm_elementwise(asm, "=r,r,r,~{memory}", [z + off, z + phase], dtype=gl.int32, is_pure=False, pack=1)
 
 
