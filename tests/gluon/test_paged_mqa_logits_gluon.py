@@ -129,60 +129,9 @@ def test_builds_given_no_config_follow_the_environment(monkeypatch):
 
 
 def test_config_rejects_unknown_launch_modes():
-    for field in ("pdl", "trigger", "late_init"):
-        with pytest.raises(ValueError, match=f"pdl, trigger and late_init must be 0 or 1.*{field}=2"):
+    for field in ("pdl", "trigger", "release", "late_init"):
+        with pytest.raises(ValueError, match=f"pdl, trigger, release and late_init must be 0 or 1.*{field}=2"):
             gp.GluonPagedConfig(**{field: 2})
-    with pytest.raises(ValueError, match="release must be 0, 1, 2 or 3; got 4"):
-        gp.GluonPagedConfig(release=4)
-
-
-def _tile_loop_barriers(sass: str) -> list[int]:
-    """Warpgroup barriers (``BAR.SYNC``) inside each loop of the SASS that issues a wgmma: one count per
-    math warpgroup's tile loop (a backward branch over a QGMMA)."""
-    import re
-
-    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)]
-    loops = []
-    for at, text in lines:
-        branch = re.match(r"@!?P\d BRA (0x[0-9a-f]+)", text)
-        if branch and int(branch.group(1), 16) < at:
-            body = [t for a, t in lines if int(branch.group(1), 16) <= a <= at]
-            if any(t.startswith("QGMMA") for t in body):
-                loops.append((int(branch.group(1), 16), at, sum(t.startswith("BAR.SYNC") for t in body)))
-    # the innermost ones (a sequence loop holds its tile loop)
-    return [n for lo, hi, n in loops if not any(lo <= a and b <= hi and (a, b) != (lo, hi) for a, b, _ in loops)]
-
-
-@needs_gluon_api
-@pytest.mark.parametrize("math_wgs", [2, 4])
-def test_release_2_runs_the_tile_loops_without_a_warpgroup_barrier(math_wgs):
-    """``release=2`` waits and hands slots back in PTX of its own: no ``bar.sync`` in any math warpgroup's
-    tile loop (the shipped ``release=1`` has one per tile); ``compile_sm90`` checked that the offsets it
-    gave that PTX are where the build's own inits put the barriers."""
-    from mqa_provider_gluon.aot import sass
-
-    loops = {}
-    for release in (1, 2, 3):
-        cfg = gp.GluonPagedConfig(release=release, math_wgs=math_wgs, stages=8)
-        k = gp.compile_sm90(next_n=2, h=64, presplit=True, config=cfg)
-        loops[release] = _tile_loop_barriers(sass({**k.asm, "metadata": k.metadata}))
-        assert len(loops[release]) == math_wgs, loops
-    assert loops[1] == [1] * math_wgs and loops[2] == loops[3] == [0] * math_wgs, loops
-    assert "NANOSLEEP" in sass({**k.asm, "metadata": k.metadata})  # release=3's waits sleep
-    ptx = k.asm["ptx"]
-    assert "mbarrier.try_wait.parity.shared::cta.b64" in ptx and "elect.sync" in ptx
-    assert k.asm["llir"].count(f"@global_smem, i32 {gp.ring_offset(k.asm['llir'], 8) & 0x3FFFF})") >= 1
-
-
-def test_ring_offset_refuses_inits_out_of_pattern():
-    line = ('call void asm sideeffect "@$0 mbarrier.init.shared::cta.b64 [$1], 1;", "b,r"(i1 %5, ptr addrspace(3) '
-            'getelementptr (i8, ptr addrspace(3) @global_smem, i32 {}))')
-    ok = [900, 100, 200, 108, 208]  # split_ready, then ready[i] and empty[i] of a 2-slot ring
-    assert gp.ring_offset("\n".join(line.format(x) for x in ok), 2) == 100 + (200 << 18)
-    with pytest.raises(RuntimeError, match="sit at"):
-        gp.ring_offset("\n".join(line.format(x) for x in [900, 100, 200, 116, 208]), 2)
-    with pytest.raises(RuntimeError, match="barrier inits"):
-        gp.ring_offset(line.format(900), 2)
 
 
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
@@ -258,8 +207,7 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
-               gp.GluonPagedConfig(release=2), gp.GluonPagedConfig(release=3), None)
+    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
@@ -281,8 +229,7 @@ def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, ctx)
     args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     for config in (gp.GluonPagedConfig(release=0, late_init=0), gp.GluonPagedConfig(release=1, late_init=0),
-                   gp.GluonPagedConfig(release=1), gp.GluonPagedConfig(release=2), gp.GluonPagedConfig(release=3),
-                   gp.GluonPagedConfig(release=2, math_wgs=2, stages=4), gp.GluonPagedConfig(release=2, late_init=0),
+                   gp.GluonPagedConfig(release=1),
                    gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4)):
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
 
@@ -307,8 +254,7 @@ def test_gpu_reads_a_precomputed_schedule(poisoned, batch, next_n, h, ctx, lens_
     for other in stale:
         schedule = get_paged_mqa_logits_metadata(other.cuda(), 64, sms) if other is not None else \
             torch.randint(-5, batch + 3, (sms + 1, 2), dtype=torch.int32, device="cuda")  # any table at all
-        for config in (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(late_init=0),
-                       gp.GluonPagedConfig(release=2)):
+        for config in (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(late_init=0)):
             check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config, schedule=schedule), ref, clean)
     with pytest.raises(ValueError, match="rows"):
         gp.fp8_paged_mqa_logits_gluon(*args, clean, schedule=get_paged_mqa_logits_metadata(args[3], 64, sms - 1))

@@ -100,13 +100,6 @@ class GluonPagedConfig:
     #: two), so the slot a tile reads them from is rewritten only after the warpgroup's next tile
     #: started, behind the barrier before that tile's wait. 0: a warpgroup barrier (``bar.sync``), then
     #: the release, per tile (round 16's kernel). Alone it measured neutral (bench/README.md, round 17).
-    #: 2: no warpgroup barrier per tile: each thread waits for its tile and each warp hands the slot back
-    #: (one elected arrive; the slot's barrier counts four) in PTX of their own, since triton 3.6's
-    #: barrier analysis puts a ``bar.sync`` before every Gluon mbarrier operation in a loop. That PTX
-    #: reaches the barriers by their offset into shared memory, read from a first build
-    #: (:func:`with_ring_offset`). 3: as 2, and those waits (the loader's for a free slot too) carry a
-    #: suspend-time hint, so a waiting warp sleeps until the phase completes instead of polling again
-    #: (CUTLASS's waits, which DeepGEMM's SASS shows as ``NANOSLEEP.SYNCS``).
     release: int = 1
     #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
     #: published with the split (``split_ready``), while the loader reads its range, lengths and first
@@ -120,12 +113,10 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        flags = {"pdl": self.pdl, "trigger": self.trigger, "late_init": self.late_init}
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger and late_init must be 0 or 1; "
+            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
-        if self.release not in (0, 1, 2, 3):
-            raise ValueError(f"GluonPagedConfig.release must be 0, 1, 2 or 3; got {self.release}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -410,8 +401,7 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr,
-            RELEASE: gl.constexpr, RING_OFF: gl.constexpr):
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
@@ -461,10 +451,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
                 s2 = _ring(g, SC_SLOTS)[0]  # the scales' and ids' slot
                 if TRACE:
                     t0 = _tick(lay)
-                if RELEASE >= 2:
-                    _ring_wait((RING_OFF >> 18) + 8 * s, ph ^ 1, lay, RELEASE == 3)
-                else:
-                    mbarrier.wait(empty.index(s), ph ^ 1)
+                mbarrier.wait(empty.index(s), ph ^ 1)
                 if TRACE:
                     waited += (_tick(lay) - t0).to(gl.int64)
                 ids.index(s2).store(gl.zeros([1], gl.int32, lay) + blk)
@@ -505,41 +492,11 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _ring_wait(off, phase, lay: gl.constexpr, SLEEP: gl.constexpr):
-    """RELEASE == 2: this thread waits for phase ``phase`` of the mbarrier ``off`` bytes into shared memory,
-    in PTX of its own (a Gluon wait in a loop gets a warpgroup barrier before it: triton 3.6's barrier
-    analysis counts every mbarrier operation as a write). The memory clobber keeps the tile's shared
-    loads after it."""
-    z = gl.zeros([1], gl.int32, lay)
-    if SLEEP:  # a suspend-time hint (10 ms, CUTLASS's): the thread sleeps until the phase completes
-        asm: gl.constexpr = ("{ .reg .pred p; .reg .b32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
-                             "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2, 10000000; @!p bra WAIT; } "
-                             "mov.u32 $0, 0;")
-    else:
-        asm: gl.constexpr = ("{ .reg .pred p; .reg .b32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
-                             "WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [a], $2; @!p bra WAIT; } "
-                             "mov.u32 $0, 0;")
-    gl.inline_asm_elementwise(asm, "=r,r,r,~{memory}", [z + off, z + phase], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _ring_arrive(off, lay: gl.constexpr):
-    """RELEASE == 2: one arrive per warp (an elected thread) on the mbarrier ``off`` bytes into shared
-    memory, once the warp's own reads of the slot are done (its part of the wgmma waited for, its
-    scales and block id loaded); the slot's barrier counts four."""
-    z = gl.zeros([1], gl.int32, lay)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b32 a; elect.sync _|p, 0xffffffff; mov.u32 a, global_smem; add.u32 a, a, $1; "
-        "@p mbarrier.arrive.shared::cta.b64 _, [a]; } mov.u32 $0, 0;",
-        "=r,r,~{memory}", [z + off], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, RING_OFF: gl.constexpr):
+          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -559,7 +516,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             _stamp(sched_ptr, 1, idl, False)
             _put_trace(sched_ptr, 14, _sreg("mov.u32 $0, %smid;", False, idl).to(gl.int64), idl)
         if LATE_INIT:
-            _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS, RELEASE)
+            _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
         if CLEAN or not PRESPLIT or TRACE:
             _publish(split, split_ready, cl_ptr, num_seqs, covered, max_ctx, stride_clb, stride_clj, NEXT_N, LENS_2D,
                      CLEAN, PRESPLIT and not TRACE)
@@ -592,16 +549,13 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s, ph = _ring(g + i, STAGES)
             s2 = _ring(g + i, SC_SLOTS)[0]
-            if RELEASE == 1:
+            if RELEASE:
                 # every thread of this warpgroup has read its previous tile's scales and block id: the
                 # loader rewrites those slots only after a release that follows this barrier
                 gl.thread_barrier()
             if TRACE:
                 c0 = _tick(idl)
-            if RELEASE >= 2:
-                _ring_wait((RING_OFF & 0x3FFFF) + 8 * s, ph, idl, RELEASE == 3)
-            else:
-                mbarrier.wait(ready.index(s), ph)
+            mbarrier.wait(ready.index(s), ph)
             if TRACE:
                 c1 = _tick(idl)
                 if WG == 0:
@@ -615,9 +569,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             if TRACE:
                 c2 = _tick(idl)
-            if RELEASE >= 2:
-                _ring_arrive((RING_OFF >> 18) + 8 * s, idl)
-            elif RELEASE == 1:
+            if RELEASE:
                 # an arrive with no bytes expected: triton 3.6's barrier analysis puts no bar.sync before it
                 mbarrier.expect(empty.index(s), 0)
             else:
@@ -668,13 +620,12 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
 
 
 @_jit
-def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
-                RELEASE: gl.constexpr):
+def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: gl.constexpr):
     """The rings' barriers: one arrival completes a tile's copy (the loader's expect) or hands its slot
     back (its math warpgroup); a q slot is handed back by every math warpgroup."""
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=4 if RELEASE >= 2 else 1)  # 2: one arrive per warp
+        mbarrier.init(empty.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=MATH_WGS)
@@ -705,7 +656,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
-                     TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr, RING_OFF: gl.constexpr,
+                     TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
                      num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
@@ -723,7 +674,6 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     SC_SLOTS: gl.constexpr = (1 << (STAGES + MATH_WGS - 1).bit_length()) if RELEASE else STAGES
     sc_smem = gl.allocate_shared_memory(gl.float32, [SC_SLOTS, 1, 64], sc_desc.layout)
     ids = gl.allocate_shared_memory(gl.int32, [SC_SLOTS, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    # With RELEASE == 2 the math warpgroups reach these two at the offsets RING_OFF holds (:func:`ring_offset`).
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -732,7 +682,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     split_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(split_ready.index(0), count=1)
     if not LATE_INIT:
-        _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS, RELEASE)
+        _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
     if PDL or TRIGGER:
         _grid_dependency(PDL, TRIGGER)
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
@@ -742,15 +692,15 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
+                           SC_SLOTS, LATE_INIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -759,15 +709,15 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
+                           SC_SLOTS, LATE_INIT)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
     else:
         if CLEAN:
@@ -775,23 +725,23 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
+                           SC_SLOTS, LATE_INIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -800,23 +750,23 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, RING_OFF)),
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, RELEASE, RING_OFF)),
+                           SC_SLOTS, LATE_INIT)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -836,8 +786,8 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
-            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": cfg.release,
-            "LATE_INIT": bool(cfg.late_init), "RING_OFF": 0,
+            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
+            "LATE_INIT": bool(cfg.late_init),
             "num_warps": 4}
 
 
@@ -1034,14 +984,12 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
     kv_desc, sc_desc = _kv_descriptors(kv_cache, q.dtype)
     grid = _multiprocessors(q.device.index)
-    args = (_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc, context_lens, block_tables,
-            context_lens if schedule is None else schedule, out, b, max_context_len,
-            min(max_context_len, block_tables.shape[1] * bs), nb, *strides, out.stride(0))
     with torch.cuda.device(q.device):
-        if constexprs["RELEASE"] >= 2:  # compiled (not run) first, to learn RING_OFF
-            constexprs = with_ring_offset(
-                lambda kw: _paged_kernel_ws.warmup(*args, grid=(grid,), launch_pdl=bool(cfg.pdl), **kw), constexprs)[1]
-        compiled = _paged_kernel_ws[(grid,)](*args, launch_pdl=bool(cfg.pdl), **constexprs)
+        compiled = _paged_kernel_ws[(grid,)](_q_descriptor(q), _w_descriptor(weights, next_n), kv_desc, sc_desc,
+                                             context_lens, block_tables,
+                                             context_lens if schedule is None else schedule, out, b,
+                                             max_context_len, min(max_context_len, block_tables.shape[1] * bs), nb,
+                                             *strides, out.stride(0), launch_pdl=bool(cfg.pdl), **constexprs)
     if launch is None:
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
@@ -1188,47 +1136,12 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
     for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
                  "stride_om"):
         sig[name] = "i32"
-    for name in _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits, presplit):
-        sig[name] = "constexpr"
+    kw = _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits, presplit)
+    constexprs = {}
+    for key, val in kw.items():
+        sig[key] = "constexpr"
+        constexprs[(fn.arg_names.index(key), )] = val
     aligned = ("cl_ptr", "bt_ptr", "out_ptr", "stride_btb", "stride_om")
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in aligned}
-
-    def build(kw: dict[str, Any]) -> Any:
-        constexprs = {(fn.arg_names.index(key), ): val for key, val in kw.items()}
-        return triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "launch_pdl": bool(cfg.pdl)})
-
-    return with_ring_offset(build, _constexprs(cfg, next_n, h, block_size, lens_2d, clean_logits, presplit))[0]
-
-
-def ring_offset(llir: str, stages: int) -> int:
-    """Where a build's allocator put the tile ring's barriers, as ``ready + (empty << 18)`` (byte offsets
-    into shared memory), read from the constant addresses of its ``mbarrier.init``s in its LLVM IR:
-    ``split_ready``'s, then ready[i] and empty[i] in turn (:func:`_init_rings`), each ring 8 bytes a
-    slot. Raises RuntimeError where they are not in that pattern."""
-    import re
-
-    found = [int(x) for x in re.findall(r"mbarrier\.init\.shared::cta\.b64 \[\$1\], \d+;\", \"b,r\"\(i1 %\w+, "
-                                         r"ptr addrspace\(3\) getelementptr \(i8, ptr addrspace\(3\) @global_smem, "
-                                         r"i32 (\d+)\)\)", llir)]
-    if len(found) < 1 + 2 * stages:
-        raise RuntimeError(f"ring_offset: {len(found)} barrier inits at constant offsets, want >= {1 + 2 * stages}")
-    ready, empty = found[1], found[2]
-    want = [(empty if i % 2 else ready) + 8 * (i // 2) for i in range(2 * stages)]
-    if found[1:1 + 2 * stages] != want or max(ready, empty) >= 1 << 18:
-        raise RuntimeError(f"ring_offset: the tile ring's barriers sit at {found[1:1 + 2 * stages]}, not {want}")
-    return ready + (empty << 18)
-
-
-def with_ring_offset(build: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """``(build(kw), kw)``; for RELEASE == 2 built twice: first to learn where the allocator put the tile
-    ring's barriers (the inline PTX that reaches them takes their offsets as a constant, which moves no
-    allocation), then with RING_OFF set, checked to be where that build put them. Never run the first."""
-    if kw["RELEASE"] < 2:
-        return build(kw), kw
-    off = ring_offset(build(kw).asm["llir"], kw["STAGES"])
-    kw = {**kw, "RING_OFF": off}
-    kernel = build(kw)
-    if ring_offset(kernel.asm["llir"], kw["STAGES"]) != off:
-        raise RuntimeError("with_ring_offset: the tile ring's barriers moved between builds")
-    return kernel, kw
+    return triton.compile(GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "launch_pdl": bool(cfg.pdl)})
