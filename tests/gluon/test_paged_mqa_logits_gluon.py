@@ -102,28 +102,6 @@ def test_pdl_build_waits_for_the_previous_kernel_before_any_partition_starts(cle
     assert "griddepcontrol.wait" not in ptx and ptx.count("griddepcontrol.launch_dependents") == 1
 
 
-@needs_gluon_api
-@pytest.mark.parametrize("release", [1, 2])
-def test_one_warpgroup_barrier_per_tile_and_none_between_the_wait_and_the_wgmma(release):
-    """Each tile's ``bar.sync`` (triton 3.6's barrier analysis puts one before an mbarrier wait unless
-    a barrier already follows the last conflicting operation): ``release=1`` places it before the data
-    wait, ``release=2`` right after the wgmma wait, before the epilogue's stores, and then the analysis
-    adds none before the next tile's wait. Neither has a barrier between the data wait and the wgmma."""
-    ptx = gp.compile_sm90(next_n=2, h=64, presplit=True, clean_logits=False,
-                          config=gp.GluonPagedConfig(release=release)).asm["ptx"].splitlines()
-    fences = [i for i, line in enumerate(ptx) if "wgmma.fence" in line]
-    assert len(fences) == 4  # one tile loop per math warpgroup
-    for f in fences:
-        wait = max(i for i in range(f) if "mbarrier.try_wait" in ptx[i])
-        assert not any("bar.sync" in line for line in ptx[wait:f])
-        done = next(i for i in range(f, len(ptx)) if "wgmma.wait_group" in ptx[i])
-        store = next(i for i in range(done, len(ptx)) if "st.global" in ptx[i])
-        barriers = [i for i in range(done, store) if "bar.sync" in ptx[i]]
-        assert len(barriers) == (1 if release == 2 else 0), (release, barriers)
-        if release == 1:
-            assert any("bar.sync" in line for line in ptx[wait - 12:wait])
-
-
 @pytest.mark.parametrize("value,launch", [(None, 1), ("", 1), ("1", 1), ("on", 1), ("0", 0), ("off", 0)])
 def test_engine_chooses_the_launch_mode_with_an_environment_variable(monkeypatch, value, launch):
     """``MQA_GLUON_PDL`` picks between the two measured launch modes, PDL with the trigger (default) or
@@ -151,11 +129,9 @@ def test_builds_given_no_config_follow_the_environment(monkeypatch):
 
 
 def test_config_rejects_unknown_launch_modes():
-    for field in ("pdl", "trigger", "late_init"):
-        with pytest.raises(ValueError, match=f"pdl, trigger and late_init must be 0 or 1.*{field}=2"):
+    for field in ("pdl", "trigger", "release", "late_init"):
+        with pytest.raises(ValueError, match=f"pdl, trigger, release and late_init must be 0 or 1.*{field}=2"):
             gp.GluonPagedConfig(**{field: 2})
-    with pytest.raises(ValueError, match="release must be 0, 1 or 2; got 3"):
-        gp.GluonPagedConfig(release=3)
 
 
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
@@ -165,9 +141,6 @@ def test_config_rejects_a_ring_the_warpgroups_cannot_share():
         gp.GluonPagedConfig(math_wgs=4, stages=6)
     with pytest.raises(ValueError, match="2 or 4"):
         gp.GluonPagedConfig(math_wgs=3, stages=6)
-    for loaders, math_wgs in ((2, 4), (4, 2), (0, 4)):
-        with pytest.raises(ValueError, match=f"loaders must be 1, or 4 with math_wgs=4; got loaders={loaders}"):
-            gp.GluonPagedConfig(loaders=loaders, math_wgs=math_wgs)
 
 
 def test_unsupported_says_why_on_this_machine():
@@ -234,8 +207,7 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
     pool = pad_paged_cache(inp.kv_cache.cuda(), 512)  # strided pool, NaN garbage between blocks
     args = (inp.q.cuda(), pool, inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     assert gp.unsupported(*args[:5]) is None
-    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12),
-               gp.GluonPagedConfig(loaders=4), gp.GluonPagedConfig(release=2), None)
+    configs = (None, gp.GluonPagedConfig(math_wgs=2, stages=4), gp.GluonPagedConfig(stages=12), None)
     for config in configs:  # the last call is the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
     assert gp._LAUNCHES[gp._signature(*args[:5], clean, None, gp._ptrs(*args[:5]))].bound
@@ -246,8 +218,8 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
 @pytest.mark.parametrize("clean", [True, False])
 def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     """Dozens of tiles per program, so every ring slot (values, scales, block ids) is refilled many
-    times: each way of handing a slot back (``release``), of setting the rings up (``late_init``) and of
-    loading them (``loaders``), with rings of several depths."""
+    times: each way of handing a slot back (``release``) and of setting the rings up (``late_init``), with
+    rings of several depths."""
     ctx = 60000
     inp = make_paged_inputs(8, 2, 64, 128, ctx, lens_2d=True, seed=11)
     g = torch.Generator().manual_seed(3)
@@ -258,9 +230,7 @@ def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     for config in (gp.GluonPagedConfig(release=0, late_init=0), gp.GluonPagedConfig(release=1, late_init=0),
                    gp.GluonPagedConfig(release=1),
-                   gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4),
-                   gp.GluonPagedConfig(loaders=4), gp.GluonPagedConfig(loaders=4, stages=12),
-                   gp.GluonPagedConfig(release=2), gp.GluonPagedConfig(release=2, loaders=4)):
+                   gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4)):
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
 
 

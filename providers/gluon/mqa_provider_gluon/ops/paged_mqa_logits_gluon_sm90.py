@@ -100,20 +100,12 @@ class GluonPagedConfig:
     #: two), so the slot a tile reads them from is rewritten only after the warpgroup's next tile
     #: started, behind the barrier before that tile's wait. 0: a warpgroup barrier (``bar.sync``), then
     #: the release, per tile (round 16's kernel). Alone it measured neutral (bench/README.md, round 17).
-    #: 2: one warpgroup barrier right after the wgmma wait, then the first thread's release: every
-    #: warp's part of the wgmma is done and the tile's scales and id read before the slot goes back,
-    #: and the barrier analysis puts no barrier before the next wait.
     release: int = 1
     #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
     #: published with the split (``split_ready``), while the loader reads its range, lengths and first
     #: block ids; their set-up (one ``bar.sync`` per stage, triton 3.6's barrier analysis) is then off
     #: the path to the first copy. 0: set up before ``warp_specialize`` (round 16's kernel).
     late_init: int = 1
-    #: Loader warps: 1, one issuing every tile's copies; or 4 (with ``math_wgs=4``), one per math
-    #: warpgroup, each issuing that warpgroup's tiles into its own ring slots, as DeepGEMM's kernel does:
-    #: the loads spread over the four warp schedulers, and a warpgroup late to release a slot holds back
-    #: only its own next copies.
-    loaders: int = 1
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, TRACE_WIDTH]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -121,15 +113,10 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        flags = {"pdl": self.pdl, "trigger": self.trigger, "late_init": self.late_init}
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger and late_init must be 0 or 1; "
+            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
-        if self.release not in (0, 1, 2):
-            raise ValueError(f"GluonPagedConfig.release must be 0, 1 or 2; got {self.release}")
-        if self.loaders not in (1, 4) or (self.loaders == 4 and self.math_wgs != 4):
-            raise ValueError(f"GluonPagedConfig.loaders must be 1, or 4 with math_wgs=4; got loaders={self.loaders}, "
-                             f"math_wgs={self.math_wgs}")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -414,18 +401,15 @@ def _put_trace(trace_ptr, idx: gl.constexpr, value, lay: gl.constexpr):
 def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty,
             split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered, stride_clb, stride_clj, stride_btb,
             NEXT_N: gl.constexpr, H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, LENS_2D: gl.constexpr,
-            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr,
-            LD: gl.constexpr, LOADERS: gl.constexpr):
-    """One warp: walks this CTA's tiles and issues the TMA copies of those with ``g % LOADERS == LD``,
-    STAGES ahead of the math (one loader: every tile; one per math warpgroup: that warpgroup's, in its
-    own ring slots). Loader 0 also issues each sequence's q. Block ids are read 32 of its tiles at a
-    time, the next 32 requested while the current ones are issued."""
+            PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
+    """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
+    are read 32 at a time, the next 32 requested while the current ones are issued."""
     NQ: gl.constexpr = NEXT_N * H
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    if TRACE and LD == 0:
+    if TRACE:
         _stamp(sched_ptr, 13, lay, False)
     va, ta, vb, tb, v_end = _range(split, split_ready, sched_ptr, num_seqs, lay, PRESPLIT and not TRACE)
-    if TRACE and LD == 0:
+    if TRACE:
         _stamp(sched_ptr, 3, lay, False)
     if PRESPLIT:
         n_va = gl.cdiv(_seq_hi(cl_ptr, va, va < num_seqs, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
@@ -435,64 +419,55 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
     g = 0
     qn = 0
     waited = gl.zeros([1], gl.int64, lay)  # trace=1: cycles waiting for free slots
-    # What each sequence starts with (its tile count, the first 32 block ids of this loader's tiles) is
-    # requested one sequence ahead, so a switch of sequence does not wait for global memory; the first
-    # comes with the split. This loader's tiles of a sequence start ``(LD - g) % LOADERS`` in.
+    # What each sequence starts with (its tile count, its first 32 block ids) is requested one sequence
+    # ahead, so a switch of sequence does not wait for global memory; the first comes with the split.
     tiles = n_va
-    first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + LD + lane * LOADERS) * 64) // BS,
-                    mask=(ta + LD + lane * LOADERS) * 64 < covered, other=0)
+    first = gl.load(bt_ptr + va.to(gl.int64) * stride_btb + ((ta + lane) * 64) // BS,
+                    mask=(ta + lane) * 64 < covered, other=0)
     if LATE_INIT:
         mbarrier.wait(split_ready.index(0), 0)  # the rings are set up (_init_rings)
     for v in range(va, v_end):
         t_lo = gl.where(v == va, ta, 0)
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
-        n_t = gl.maximum(t_hi - t_lo, 0)
         nv = v + 1
         more = nv < v_end
         tiles = gl.cdiv(_seq_hi(cl_ptr, nv, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D), 64)
         blk_ids = first
-        j_next = (LD - (g + n_t) % LOADERS + LOADERS) % LOADERS
-        first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + ((j_next + lane * LOADERS) * 64) // BS,
-                        mask=more & ((j_next + lane * LOADERS) * 64 < covered), other=0)
-        if LD == 0:
-            # every sequence of the range gets its q slot (the math warpgroups wait for each)
-            qs, qph = _ring(qn, 2)
-            mbarrier.wait(q_empty.index(qs), qph ^ 1)
-            mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
-            tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
-            qn += 1
+        first = gl.load(bt_ptr + nv.to(gl.int64) * stride_btb + (lane * 64) // BS,
+                        mask=more & (lane * 64 < covered), other=0)
+        # every sequence of the range gets its q slot (the math warpgroups wait for each)
+        qs, qph = _ring(qn, 2)
+        mbarrier.wait(q_empty.index(qs), qph ^ 1)
+        mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [v * NQ, 0], q_ready.index(qs), q_smem.index(qs))
+        tma.async_copy_global_to_shared(w_desc, [v * NEXT_N, 0], q_ready.index(qs), w_smem.index(qs))
+        qn += 1
         table = bt_ptr + v.to(gl.int64) * stride_btb
-        j0 = (LD - g % LOADERS + LOADERS) % LOADERS
-        t0 = t_lo + j0  # this loader's k-th tile of the sequence: t0 + k * LOADERS, tile g + j0 + k * LOADERS
-        n_own = gl.cdiv(gl.maximum(n_t - j0, 0), LOADERS)
-        for c in range(0, n_own, 32):
-            nxt = gl.load(table + ((t0 + (c + 32 + lane) * LOADERS) * 64) // BS, mask=c + 32 + lane < n_own,
-                          other=0)
-            for i in range(gl.minimum(32, n_own - c)):
+        for c in range(t_lo, t_hi, 32):
+            nxt = gl.load(table + ((c + 32 + lane) * 64) // BS, mask=c + 32 + lane < t_hi, other=0)
+            for i in range(gl.minimum(32, t_hi - c)):
                 blk = gl.sum(gl.where(lane == i, blk_ids, 0), 0)
-                gt = g + j0 + (c + i) * LOADERS
-                s, ph = _ring(gt, STAGES)
-                s2 = _ring(gt, SC_SLOTS)[0]  # the scales' and ids' slot
+                s, ph = _ring(g, STAGES)
+                s2 = _ring(g, SC_SLOTS)[0]  # the scales' and ids' slot
                 if TRACE:
-                    w0 = _tick(lay)
+                    t0 = _tick(lay)
                 mbarrier.wait(empty.index(s), ph ^ 1)
                 if TRACE:
-                    waited += (_tick(lay) - w0).to(gl.int64)
+                    waited += (_tick(lay) - t0).to(gl.int64)
                 ids.index(s2).store(gl.zeros([1], gl.int32, lay) + blk)
                 mbarrier.expect(ready.index(s), kv_desc.block_type.nbytes + sc_desc.block_type.nbytes)
-                off = ((t0 + (c + i) * LOADERS) * 64) % BS
+                off = ((c + i) * 64) % BS
                 # ids outside [0, num_blocks) read zeros (TMA bounds); the math masks them.
                 # The [64, D] ring slot, seen as the descriptor's [1, 64, D] box (same bytes).
                 box = k_smem.index(s)._reinterpret(kv_desc.dtype, kv_desc.block_type.shape, kv_desc.layout)
                 tma.async_copy_global_to_shared(kv_desc, [blk, off, 0], ready.index(s), box)
                 tma.async_copy_global_to_shared(sc_desc, [blk, off], ready.index(s), sc_smem.index(s2))
-                if TRACE and LD == 0:
-                    if gt == 0:
+                if TRACE:
+                    if g == 0:
                         _stamp(sched_ptr, 4, lay, False)
+                g += 1
             blk_ids = nxt
-        g += n_t
-    if TRACE and LD == 0:
+    if TRACE:
         _stamp(sched_ptr, 5, lay, False)
         _put_trace(sched_ptr, 12, gl.zeros([1], gl.int64, lay) + g, lay)
         _put_trace(sched_ptr, 15, waited, lay)
@@ -574,7 +549,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s, ph = _ring(g + i, STAGES)
             s2 = _ring(g + i, SC_SLOTS)[0]
-            if RELEASE == 1:
+            if RELEASE:
                 # every thread of this warpgroup has read its previous tile's scales and block id: the
                 # loader rewrites those slots only after a release that follows this barrier
                 gl.thread_barrier()
@@ -592,10 +567,6 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
             blk = gl.max(ids.index(s2).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
-            if RELEASE == 2:
-                # every warp's wgmma is done and its scales and block id read; then the barrier analysis
-                # sees no hazard before the next tile's wait and puts none there
-                gl.thread_barrier()
             if TRACE:
                 c2 = _tick(idl)
             if RELEASE:
@@ -685,7 +656,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      H: gl.constexpr, BS: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
-                     TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr, LOADERS: gl.constexpr,
+                     TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
                      num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
@@ -729,7 +700,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 0, 1)),
+                           SC_SLOTS, LATE_INIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -746,83 +717,8 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 0, 1)),
+                           SC_SLOTS, LATE_INIT)),
             ], [4, 1], [MATH_REGS, LOADER_REGS])
-    elif LOADERS == 4:  # one loader warp per math warpgroup
-        if CLEAN:
-            gl.warp_specialize([
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 0, 4)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 1, 4)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 2, 4)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 3, 4)),
-                (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
-                           NEXT_N, LENS_2D)),
-            ], [4, 4, 4, 1, 1, 1, 1, 1],
-                [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, FILL_REGS])
-        else:
-            gl.warp_specialize([
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 0, 4)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 1, 4)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 2, 4)),
-                (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
-                           q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
-                           stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 3, 4)),
-            ], [4, 4, 4, 1, 1, 1, 1],
-                [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS, LOADER_REGS])
     else:
         if CLEAN:
             gl.warp_specialize([
@@ -845,7 +741,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 0, 1)),
+                           SC_SLOTS, LATE_INIT)),
                 (_filler, (split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, stride_clj, stride_om,
                            NEXT_N, LENS_2D)),
             ], [4, 4, 4, 1, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS, FILL_REGS])
@@ -870,7 +766,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
-                           SC_SLOTS, LATE_INIT, 0, 1)),
+                           SC_SLOTS, LATE_INIT)),
             ], [4, 4, 4, 1], [MATH_REGS, MATH_REGS, MATH_REGS, LOADER_REGS])
 
 
@@ -890,11 +786,8 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LENS_2D": bool(lens_2d), "CLEAN": bool(clean), "MATH_REGS": cfg.math_regs or (232 if two else 112),
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
-            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": cfg.release,
+            "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
             "LATE_INIT": bool(cfg.late_init),
-            # with the filler's warp too, 4 loaders make 21 warps, padded to 24: too few registers per
-            # thread at launch for the wgmma of next_n * H = 128 (ptxas, AOT sm_90); one loader then
-            "LOADERS": 1 if clean else cfg.loaders,
             "num_warps": 4}
 
 
