@@ -62,6 +62,8 @@ def main() -> int:
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--phases", type=int, default=4, help="alternating phases per implementation")
+    p.add_argument("--gluon", default="", help="also these Gluon paged-kernel variants, as the decode bench names "
+                                                "them (e.g. ws+schedule=1,ws+stages=12+schedule=1)")
     a = p.parse_args()
     dec.DEVICE = "cuda"
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -70,6 +72,7 @@ def main() -> int:
     w = torch.randn(a.batch * a.next_n, a.heads, generator=g, device="cuda") * a.heads ** -0.5
     lens = bt.lens_2d(a.next_n)
     impls = {"mqa_core+schedule": dec.public_impls()["mqa_core+schedule"]}
+    impls.update(dec.gluon_impls([n for n in a.gluon.split(",") if n]))
     dg, note = dec.deepgemm_impl()
     print(note, flush=True)
     if dg is not None:
