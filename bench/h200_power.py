@@ -75,6 +75,9 @@ def main() -> int:
     impls.update(dec.gluon_impls([n for n in a.gluon.split(",") if n]))
     dg, note = dec.deepgemm_impl()
     print(note, flush=True)
+    import mqa_core
+
+    print(f"mqa_core's op runs provider {mqa_core.get_provider(op='fp8_paged_mqa_logits').name}", flush=True)
     if dg is not None:
         impls["deepgemm"] = dg
     graphs = {}
