@@ -49,9 +49,30 @@ def sample(seconds: float, replay, query: str) -> tuple[list[list[str]], float]:
     torch.cuda.synchronize()
     spent = time.perf_counter() - t0
     proc.terminate()
-    out = proc.communicate()[0]
-    rows = [[x.strip() for x in line.split(",")] for line in out.strip().splitlines()]
+    rows = parse(proc.communicate()[0])
     return rows[6:-2] or rows, spent * 1e6 / n  # drop the ramp at both ends
+
+
+def parse(out: str) -> list[list[str]]:
+    """nvidia-smi's CSV samples (no header, no units) as rows of fields; lines that are not samples
+    (a warning, a cut last line) are left out."""
+    rows = [[x.strip() for x in line.split(",")] for line in out.strip().splitlines()]
+    return [r for r in rows if len(r) == 4 and _number(r[0]) and _number(r[1])]
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def medians(rows: list[list[str]]) -> tuple[float, float, float, list[str]]:
+    """Median SM clock (MHz), power (W) and temperature (C) of a phase's samples, and the throttle
+    reasons seen."""
+    return (statistics.median(float(r[0]) for r in rows), statistics.median(float(r[1]) for r in rows),
+            statistics.median(float(r[2]) for r in rows), sorted({r[3] for r in rows}))
 
 
 def main() -> int:
@@ -98,10 +119,9 @@ def main() -> int:
     for phase in range(a.phases):
         for name, graph in graphs.items():
             rows, us = sample(a.seconds, graph.replay, query)
-            clk = statistics.median(float(r[0]) for r in rows)
-            pw = statistics.median(float(r[1]) for r in rows)
-            temp = statistics.median(float(r[2]) for r in rows)
-            reasons = sorted({r[3] for r in rows})
+            if not rows:
+                raise SystemExit(f"h200_power: nvidia-smi gave no samples during {name}'s phase")
+            clk, pw, temp, reasons = medians(rows)
             table.append((name, phase, us / calls, clk, pw, temp, reasons))
             print(f"phase {phase} {name:18s} {us / calls:8.1f} us/call  SM {clk:6.0f} MHz  {pw:6.1f} W  {temp:4.0f} C  "
                   f"reasons {reasons}", flush=True)

@@ -69,3 +69,17 @@ def test_trace_report_gives_balance_and_cycles_per_tile(capsys: pytest.CaptureFi
     assert "demo: clock 2.00 GHz, first start to last end 6000 ns" in out
     assert "max     6000 ns; SMs used 1, shared by 2+ programs 1" in out
     assert "data 200, wgmma 200, epilogue 300; loader waits 10 per tile" in out
+
+
+def test_power_samples_are_parsed_and_summarised() -> None:
+    """bench/h200_power.py's reading of nvidia-smi's CSV: non-sample lines left out, medians per field,
+    the throttle reasons seen."""
+    power = load_script("bench/h200_power.py")
+    out = ("1440, 691.2, 51, 0x0000000000000004\n"
+           "WARNING: something nvidia-smi printed\n"
+           "1380, 690.0, 52, 0x0000000000000000\n"
+           "1455, 693.1, 53, 0x0000000000000004\n"
+           "1455, 69")  # the last line, cut when the sampler was stopped
+    rows = power.parse(out)
+    assert len(rows) == 3
+    assert power.medians(rows) == (1440.0, 691.2, 52.0, ["0x0000000000000000", "0x0000000000000004"])
