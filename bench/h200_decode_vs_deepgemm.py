@@ -138,6 +138,12 @@ class Batch:
             self.tables.append(perm.view(batch, per_seq).to(torch.int32))
         self.visible = sum(-(-n // BLOCK) * BLOCK for n in self.lens_host)
 
+    def operands(self, next_n: int, h: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fresh q [B, next_n, H, D] (fp8) and weights [B * next_n, H] for this batch, on its device."""
+        dev = self.lens.device
+        q = (torch.randn(self.batch, next_n, h, D, generator=g, device=dev) * 1.5).to(torch.float8_e4m3fn)
+        return q, torch.randn(self.batch * next_n, h, generator=g, device=dev) * h ** -0.5
+
     def lens_2d(self, next_n: int) -> torch.Tensor:
         j = torch.arange(next_n, device=self.lens.device, dtype=torch.int32)
         return (self.lens[:, None] - next_n + 1 + j[None, :]).contiguous()
@@ -467,8 +473,7 @@ RUN = Run()
 
 def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls: dict[str, Impl],
               g: torch.Generator) -> dict:
-    q = (torch.randn(bt.batch, next_n, h, D, generator=g, device=DEVICE) * 1.5).to(torch.float8_e4m3fn)
-    w = torch.randn(bt.batch * next_n, h, generator=g, device=DEVICE) * h ** -0.5
+    q, w = bt.operands(next_n, h, g)
     lens2 = bt.lens_2d(next_n)
     tag = f"B={bt.batch} C={bt.ctx} next_n={next_n} H={h}"
     seqs = sorted({0, bt.batch - 1, int(torch.argmax(bt.lens)), int(torch.argmin(bt.lens)), bt.batch // 2})

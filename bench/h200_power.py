@@ -86,11 +86,9 @@ def main() -> int:
     p.add_argument("--gluon", default="", help="also these Gluon paged-kernel variants, as the decode bench names "
                                                 "them (e.g. ws+schedule=1,ws+stages=12+schedule=1)")
     a = p.parse_args()
-    dec.DEVICE = "cuda"
     g = torch.Generator(device="cuda").manual_seed(0)
     bt = dec.Batch(a.batch, a.ctx, "cuda", g, dec.copies_for(a.batch, a.ctx))
-    q = (torch.randn(a.batch, a.next_n, a.heads, dec.D, generator=g, device="cuda") * 1.5).to(torch.float8_e4m3fn)
-    w = torch.randn(a.batch * a.next_n, a.heads, generator=g, device="cuda") * a.heads ** -0.5
+    q, w = bt.operands(a.next_n, a.heads, g)
     lens = bt.lens_2d(a.next_n)
     impls = {"mqa_core+schedule": dec.public_impls()["mqa_core+schedule"]}
     impls.update(dec.gluon_impls([n for n in a.gluon.split(",") if n]))
