@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import h200_decode_vs_deepgemm as dec  # noqa: E402
 
 FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
-OLD_FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"  # drivers before the rename
+OLD_FIELDS = FIELDS.replace("clocks_event_reasons", "clocks_throttle_reasons")  # drivers before the rename
 
 
 def fields() -> str:
