@@ -106,6 +106,11 @@ class GluonPagedConfig:
     #: block ids; their set-up (one ``bar.sync`` per stage, triton 3.6's barrier analysis) is then off
     #: the path to the first copy. 0: set up before ``warp_specialize`` (round 16's kernel).
     late_init: int = 1
+    #: 1: each math warpgroup reads its tile's block id after handing the slot back, not while its wgmma
+    #: runs: ptxas then issues the tile's four QGMMAs back to back (with 0 it puts the block id's compare,
+    #: which waits for its shared-memory load, between the first QGMMA and the second). Needs
+    #: ``release=1``, whose deeper ring keeps the ids until the warpgroup's next tile.
+    late_id: int = 0
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, TRACE_WIDTH]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -113,10 +118,13 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init,
+                 "late_id": self.late_id}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
+            raise ValueError(f"GluonPagedConfig: pdl, trigger, release, late_init and late_id must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
+        if self.late_id and not self.release:
+            raise ValueError("GluonPagedConfig.late_id=1 needs release=1 (the block ids' deeper ring)")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -496,7 +504,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
+          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, LATE_ID: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -563,9 +571,9 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                         _stamp(sched_ptr, 6, idl, False)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
-            # during the wgmma
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
-            blk = gl.max(ids.index(s2).load(idl), 0)
+            if not LATE_ID:  # read during the wgmma
+                blk = gl.max(ids.index(s2).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             if TRACE:
                 c2 = _tick(idl)
@@ -574,6 +582,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.expect(empty.index(s), 0)
             else:
                 mbarrier.arrive(empty.index(s), count=1)
+            if LATE_ID:  # after the release (the ids' deeper ring keeps them until the next tile)
+                blk = gl.max(ids.index(s2).load(idl), 0)
             r = _head_sum(acc, w_row, NEXT_N, H)
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
@@ -657,7 +667,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     LATE_ID: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -692,11 +702,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -709,11 +719,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -725,19 +735,19 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -750,19 +760,19 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
                           stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT)),
+                          SC_SLOTS, LATE_INIT, LATE_ID)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -787,7 +797,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
-            "LATE_INIT": bool(cfg.late_init),
+            "LATE_INIT": bool(cfg.late_init), "LATE_ID": bool(cfg.late_id),
             "num_warps": 4}
 
 
