@@ -111,6 +111,12 @@ class GluonPagedConfig:
     #: which waits for its shared-memory load, between the first QGMMA and the second). Needs
     #: ``release=1``, whose deeper ring keeps the ids until the warpgroup's next tile.
     late_id: int = 0
+    #: 1: the math warpgroups take turns on the tensor cores in tile order: a warpgroup issues its wgmma
+    #: once the previous tile's (the previous warpgroup's) has completed, so one wgmma runs at a time and
+    #: each epilogue runs under the next warpgroup's wgmma (FlashAttention-3's ping-pong, over four
+    #: warpgroups). 0: each issues as soon as its data is in; wgmmas queue on the tensor cores and the
+    #: warpgroups' epilogues tend to coincide.
+    turns: int = 0
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, TRACE_WIDTH]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -119,9 +125,9 @@ class GluonPagedConfig:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
         flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init,
-                 "late_id": self.late_id}
+                 "late_id": self.late_id, "turns": self.turns}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError(f"GluonPagedConfig: pdl, trigger, release, late_init and late_id must be 0 or 1; "
+            raise ValueError("GluonPagedConfig: pdl, trigger, release, late_init, late_id and turns must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
         if self.late_id and not self.release:
             raise ValueError("GluonPagedConfig.late_id=1 needs release=1 (the block ids' deeper ring)")
@@ -500,11 +506,14 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
+def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, turn, turn_next,
+          sched_ptr,
+          cl_ptr,
           out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, LATE_ID: gl.constexpr):
+          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, LATE_ID: gl.constexpr,
+          TURNS: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
@@ -569,6 +578,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 if WG == 0:
                     if g + i == 0:
                         _stamp(sched_ptr, 6, idl, False)
+            if TURNS:  # the previous tile's wgmma (the previous warpgroup's) has completed
+                mbarrier.wait(turn.index(0), ((g + i) // MATH_WGS) & 1)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
@@ -582,6 +593,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.expect(empty.index(s), 0)
             else:
                 mbarrier.arrive(empty.index(s), count=1)
+            if TURNS:  # the next tile's warpgroup may start its wgmma
+                mbarrier.expect(turn_next.index(0), 0)
             if LATE_ID:  # after the release (the ids' deeper ring keeps them until the next tile)
                 blk = gl.max(ids.index(s2).load(idl), 0)
             r = _head_sum(acc, w_row, NEXT_N, H)
@@ -643,6 +656,19 @@ def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: 
 
 
 @_jit
+def _init_turns(turn0, turn1, turn2, turn3, MATH_WGS: gl.constexpr):
+    """GluonPagedConfig.turns: warpgroup k's turn on the tensor cores is handed to it by warpgroup k - 1
+    (one arrival); the first turn is given."""
+    mbarrier.init(turn0.index(0), count=1)
+    mbarrier.init(turn1.index(0), count=1)
+    if MATH_WGS == 4:
+        mbarrier.init(turn2.index(0), count=1)
+        mbarrier.init(turn3.index(0), count=1)
+    fence_async_shared()
+    mbarrier.arrive(turn0.index(0), count=1)
+
+
+@_jit
 def _grid_dependency(WAIT: gl.constexpr, TRIGGER: gl.constexpr):
     """Run by the default partition after its barrier set-up and before ``warp_specialize``, whose start
     releases the other partitions only after it. WAIT, a programmatic dependent launch's wait: returns
@@ -667,7 +693,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
-                     LATE_ID: gl.constexpr, num_warps: gl.constexpr):
+                     LATE_ID: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -690,9 +716,17 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     split = gl.allocate_shared_memory(gl.int32, [11, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     split_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    # One allocation per warpgroup's turn: triton's barrier analysis would put a bar.sync between a wait on
+    # one and an arrive on another of a single allocation.
+    turn0 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    turn1 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    turn2 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    turn3 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(split_ready.index(0), count=1)
     if not LATE_INIT:
         _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
+    if TURNS:
+        _init_turns(turn0, turn1, turn2, turn3, MATH_WGS)
     if PDL or TRIGGER:
         _grid_dependency(PDL, TRIGGER)
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
@@ -700,13 +734,13 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn1, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -717,13 +751,13 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn1, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -733,21 +767,21 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn1, turn2, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn2, turn3, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn3, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -758,21 +792,21 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn1, turn2, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn2, turn3, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
-                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
-                          SC_SLOTS, LATE_INIT, LATE_ID)),
+                          turn3, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
+                          stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -797,7 +831,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
-            "LATE_INIT": bool(cfg.late_init), "LATE_ID": bool(cfg.late_id),
+            "LATE_INIT": bool(cfg.late_init), "LATE_ID": bool(cfg.late_id), "TURNS": bool(cfg.turns),
             "num_warps": 4}
 
 
