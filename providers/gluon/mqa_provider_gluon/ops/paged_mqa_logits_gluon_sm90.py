@@ -117,6 +117,10 @@ class GluonPagedConfig:
     #: warpgroups). 0: each issues as soon as its data is in; wgmmas queue on the tensor cores and the
     #: warpgroups' epilogues tend to coincide.
     turns: int = 0
+    #: 1: a math warpgroup finishes each tile (the quad's shuffles of the head sum, the scale, the mask and
+    #: the store) under its next tile's wgmma: after the wgmma it only sums its own columns, so the
+    #: accumulator is free for the next wgmma sooner (H >= 8; others finish in place).
+    defer: int = 0
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, TRACE_WIDTH]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -125,9 +129,10 @@ class GluonPagedConfig:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
         flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init,
-                 "late_id": self.late_id, "turns": self.turns}
+                 "late_id": self.late_id, "turns": self.turns, "defer": self.defer}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError("GluonPagedConfig: pdl, trigger, release, late_init, late_id and turns must be 0 or 1; "
+            raise ValueError("GluonPagedConfig: pdl, trigger, release, late_init, late_id, turns and defer must be "
+                             "0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
         if self.late_id and not self.release:
             raise ValueError("GluonPagedConfig.late_id=1 needs release=1 (the block ids' deeper ring)")
@@ -506,21 +511,41 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
+def _thread_sums(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
+    """[64 keys, next_n rows, 4]: each thread's share of the head sum (a thread of the quad holds columns
+    8c + 2q + {0, 1}); the sum over the last axis (the quad's shuffles) completes :func:`_head_sum`."""
+    x = gl.reshape(gl.maximum(acc, 0.0) * w_row, [64, NEXT_N, H // 8, 4, 2])
+    return gl.sum(gl.sum(x, axis=2), axis=3)
+
+
+@_jit
+def _finish(r, sc, blk, i, t_lo, offs_t, lens2, rows, num_blocks, max_ctx):
+    """Tile ``t_lo + i``'s logits from its head sums ``r`` [64, next_n]: scaled, -inf past each row's
+    length or for a block id outside the pool, stored (nothing for ``i`` < 0)."""
+    p2 = (t_lo + i) * 64 + offs_t
+    seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
+    gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=(p2 < max_ctx) & (i >= 0))
+
+
+@_jit
 def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, turn, turn_next,
-          sched_ptr,
-          cl_ptr,
-          out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
-          NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
+          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om,
+          WG: gl.constexpr, NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
           RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, LATE_ID: gl.constexpr,
-          TURNS: gl.constexpr):
+          TURNS: gl.constexpr, DEFER: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
     # The head sum's result layout (what the compiler infers for the reduction of the accumulator):
     # the positions, rows, lengths and scales are built in it, so no tile result changes layout.
-    rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
-                                   NEXT_N, H).type.layout
+    if DEFER:
+        play: gl.constexpr = _thread_sums(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
+                                          NEXT_N, H).type.layout
+        rlay: gl.constexpr = gl.sum(gl.zeros([64, NEXT_N, 4], gl.float32, play), axis=2).type.layout
+    else:
+        rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
+                                       NEXT_N, H).type.layout
     slay: gl.constexpr = gl.SliceLayout(1, rlay)
     jlay: gl.constexpr = gl.SliceLayout(0, rlay)
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -563,6 +588,11 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         w_row = gl.expand_dims(w_smem.index(qs)._reinterpret(gl.float32, [NQ], flat).load(gl.SliceLayout(0, mlay)),
                                0)  # came with q
         n_t = gl.maximum(t_hi - t_lo, 0)
+        if DEFER:  # the tile before this warpgroup's first one: none (its store is masked off)
+            part = gl.zeros([64, NEXT_N, 4], gl.float32, play)
+            sc_p = gl.zeros([64, 1], gl.float32, rlay)
+            blk_p = gl.max(gl.full([1], -1, gl.int32, idl), 0)
+            i_p = blk_p
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s, ph = _ring(g + i, STAGES)
             s2 = _ring(g + i, SC_SLOTS)[0]
@@ -585,6 +615,8 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
             if not LATE_ID:  # read during the wgmma
                 blk = gl.max(ids.index(s2).load(idl), 0)
+            if DEFER:  # the previous tile's quad sums, scale, mask and store, under this tile's wgmma
+                _finish(gl.sum(part, axis=2), sc_p, blk_p, i_p, t_lo, offs_t, lens2, rows, num_blocks, max_ctx)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             if TRACE:
                 c2 = _tick(idl)
@@ -597,12 +629,17 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.expect(turn_next.index(0), 0)
             if LATE_ID:  # after the release (the ids' deeper ring keeps them until the next tile)
                 blk = gl.max(ids.index(s2).load(idl), 0)
-            r = _head_sum(acc, w_row, NEXT_N, H)
-            p2 = (t_lo + i) * 64 + offs_t
-            seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
+            if DEFER:
+                part = _thread_sums(acc, w_row, NEXT_N, H)
+                sc_p = sc
+                blk_p = blk
+                i_p = i
+            else:
+                _finish(_head_sum(acc, w_row, NEXT_N, H), sc, blk, i, t_lo, offs_t, lens2, rows, num_blocks, max_ctx)
             if TRACE:
                 spent = _account(spent, c0, c1, c2, _tick(idl))
+        if DEFER:  # this warpgroup's last tile of the sequence
+            _finish(gl.sum(part, axis=2), sc_p, blk_p, i_p, t_lo, offs_t, lens2, rows, num_blocks, max_ctx)
         mbarrier.arrive(q_empty.index(qs), count=1)
         g += n_t
         qn += 1
@@ -693,7 +730,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
-                     LATE_ID: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
+                     LATE_ID: gl.constexpr, TURNS: gl.constexpr, DEFER: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -736,11 +773,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn1, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -753,11 +790,11 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn1, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -769,19 +806,19 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn1, turn2, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn2, turn3, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn3, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -794,19 +831,19 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn1, turn2, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn2, turn3, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
                           turn3, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
                           stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS)),
+                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -832,6 +869,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
             "LATE_INIT": bool(cfg.late_init), "LATE_ID": bool(cfg.late_id), "TURNS": bool(cfg.turns),
+            "DEFER": bool(cfg.defer) and h >= 8,
             "num_warps": 4}
 
 
