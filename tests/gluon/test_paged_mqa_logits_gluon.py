@@ -129,11 +129,9 @@ def test_builds_given_no_config_follow_the_environment(monkeypatch):
 
 
 def test_config_rejects_unknown_launch_modes():
-    for field in ("pdl", "trigger", "release", "late_init", "late_id", "turns"):
-        with pytest.raises(ValueError, match=f"late_id and turns must be 0 or 1.*{field}=2"):
+    for field in ("pdl", "trigger", "release", "late_init"):
+        with pytest.raises(ValueError, match=f"pdl, trigger, release and late_init must be 0 or 1.*{field}=2"):
             gp.GluonPagedConfig(**{field: 2})
-    with pytest.raises(ValueError, match="late_id=1 needs release=1"):
-        gp.GluonPagedConfig(release=0, late_id=1)
 
 
 def test_config_rejects_a_ring_the_warpgroups_cannot_share():
@@ -220,9 +218,8 @@ def test_gpu_matches_the_oracle(poisoned, batch, next_n, h, d, ctx, bs, lens_kin
 @pytest.mark.parametrize("clean", [True, False])
 def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     """Dozens of tiles per program, so every ring slot (values, scales, block ids) is refilled many
-    times: each way of handing a slot back (``release``), of reading the block id (``late_id``), of
-    ordering the wgmmas (``turns``) and of setting the rings up (``late_init``), with rings of several
-    depths."""
+    times: each way of handing a slot back (``release``) and of setting the rings up (``late_init``), with
+    rings of several depths."""
     ctx = 60000
     inp = make_paged_inputs(8, 2, 64, 128, ctx, lens_2d=True, seed=11)
     g = torch.Generator().manual_seed(3)
@@ -232,9 +229,7 @@ def test_gpu_long_contexts_reuse_every_ring_slot(poisoned, clean):
     ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, tables, ctx)
     args = (inp.q.cuda(), inp.kv_cache.cuda(), inp.weights.cuda(), lens.cuda(), tables.cuda(), ctx)
     for config in (gp.GluonPagedConfig(release=0, late_init=0), gp.GluonPagedConfig(release=1, late_init=0),
-                   gp.GluonPagedConfig(release=1), gp.GluonPagedConfig(release=1, late_id=1),
-                   gp.GluonPagedConfig(turns=1), gp.GluonPagedConfig(turns=1, release=0, late_init=0),
-                   gp.GluonPagedConfig(turns=1, math_wgs=2, stages=4),
+                   gp.GluonPagedConfig(release=1),
                    gp.GluonPagedConfig(release=1, stages=12), gp.GluonPagedConfig(release=1, math_wgs=2, stages=4)):
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean, config=config), ref, clean)
 

@@ -106,21 +106,6 @@ class GluonPagedConfig:
     #: block ids; their set-up (one ``bar.sync`` per stage, triton 3.6's barrier analysis) is then off
     #: the path to the first copy. 0: set up before ``warp_specialize`` (round 16's kernel).
     late_init: int = 1
-    #: 1: each math warpgroup reads its tile's block id after handing the slot back, not while its wgmma
-    #: runs: ptxas then issues the tile's four QGMMAs back to back (with 0 it puts the block id's compare,
-    #: which waits for its shared-memory load, between the first QGMMA and the second). Needs
-    #: ``release=1``, whose deeper ring keeps the ids until the warpgroup's next tile.
-    late_id: int = 0
-    #: 1: the math warpgroups take turns on the tensor cores in tile order: a warpgroup issues its wgmma
-    #: once the previous tile's (the previous warpgroup's) has completed, so one wgmma runs at a time and
-    #: each epilogue runs under the next warpgroup's wgmma (FlashAttention-3's ping-pong, over four
-    #: warpgroups). 0: each issues as soon as its data is in; wgmmas queue on the tensor cores and the
-    #: warpgroups' epilogues tend to coincide.
-    turns: int = 0
-    #: 1: a math warpgroup finishes each tile (the quad's shuffles of the head sum, the scale, the mask and
-    #: the store) under its next tile's wgmma: after the wgmma it only sums its own columns, so the
-    #: accumulator is free for the next wgmma sooner (H >= 8; others finish in place).
-    defer: int = 0
     #: 1: a debugging build that writes clock stamps (:data:`TRACE_EVENTS`) into an int64 [programs, TRACE_WIDTH]
     #: buffer given as ``schedule`` (bench/h200_decode_trace.py); 0 in every other use.
     trace: int = 0
@@ -128,14 +113,10 @@ class GluonPagedConfig:
     def __post_init__(self) -> None:
         if self.math_wgs not in (2, 4):
             raise ValueError(f"GluonPagedConfig.math_wgs must be 2 or 4, got {self.math_wgs}")
-        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init,
-                 "late_id": self.late_id, "turns": self.turns, "defer": self.defer}
+        flags = {"pdl": self.pdl, "trigger": self.trigger, "release": self.release, "late_init": self.late_init}
         if any(v not in (0, 1) for v in flags.values()):
-            raise ValueError("GluonPagedConfig: pdl, trigger, release, late_init, late_id, turns and defer must be "
-                             "0 or 1; "
+            raise ValueError(f"GluonPagedConfig: pdl, trigger, release and late_init must be 0 or 1; "
                              f"got {', '.join(f'{k}={v}' for k, v in flags.items())}")
-        if self.late_id and not self.release:
-            raise ValueError("GluonPagedConfig.late_id=1 needs release=1 (the block ids' deeper ring)")
         if self.stages < self.math_wgs or self.stages % self.math_wgs:
             raise ValueError(f"GluonPagedConfig.stages must be a positive multiple of math_wgs ({self.math_wgs}): "
                              f"each ring slot stays with one math warpgroup; got {self.stages}")
@@ -511,41 +492,18 @@ def _head_sum(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
 
 
 @_jit
-def _thread_sums(acc, w_row, NEXT_N: gl.constexpr, H: gl.constexpr):
-    """[64 keys, next_n rows, 4]: each thread's share of the head sum (a thread of the quad holds columns
-    8c + 2q + {0, 1}); the sum over the last axis (the quad's shuffles) completes :func:`_head_sum`."""
-    x = gl.reshape(gl.maximum(acc, 0.0) * w_row, [64, NEXT_N, H // 8, 4, 2])
-    return gl.sum(gl.sum(x, axis=2), axis=3)
-
-
-@_jit
-def _finish(r, sc, blk, i, t_lo, offs_t, lens2, rows, num_blocks, max_ctx):
-    """Tile ``t_lo + i``'s logits from its head sums ``r`` [64, next_n]: scaled, -inf past each row's
-    length or for a block id outside the pool, stored (nothing for ``i`` < 0)."""
-    p2 = (t_lo + i) * 64 + offs_t
-    seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-    gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=(p2 < max_ctx) & (i >= 0))
-
-
-@_jit
-def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, turn, turn_next,
-          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om,
-          WG: gl.constexpr, NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
+def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr,
+          out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj, stride_om, WG: gl.constexpr,
+          NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
-          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr, LATE_ID: gl.constexpr,
-          TURNS: gl.constexpr, DEFER: gl.constexpr):
+          RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
     NQ: gl.constexpr = NEXT_N * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
     # The head sum's result layout (what the compiler infers for the reduction of the accumulator):
     # the positions, rows, lengths and scales are built in it, so no tile result changes layout.
-    if DEFER:
-        play: gl.constexpr = _thread_sums(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
-                                          NEXT_N, H).type.layout
-        rlay: gl.constexpr = gl.sum(gl.zeros([64, NEXT_N, 4], gl.float32, play), axis=2).type.layout
-    else:
-        rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
-                                       NEXT_N, H).type.layout
+    rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
+                                   NEXT_N, H).type.layout
     slay: gl.constexpr = gl.SliceLayout(1, rlay)
     jlay: gl.constexpr = gl.SliceLayout(0, rlay)
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -588,11 +546,6 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
         w_row = gl.expand_dims(w_smem.index(qs)._reinterpret(gl.float32, [NQ], flat).load(gl.SliceLayout(0, mlay)),
                                0)  # came with q
         n_t = gl.maximum(t_hi - t_lo, 0)
-        if DEFER:  # the tile before this warpgroup's first one: none (its store is masked off)
-            part = gl.zeros([64, NEXT_N, 4], gl.float32, play)
-            sc_p = gl.zeros([64, 1], gl.float32, rlay)
-            blk_p = gl.max(gl.full([1], -1, gl.int32, idl), 0)
-            i_p = blk_p
         for i in range((WG - g % MATH_WGS + MATH_WGS) % MATH_WGS, n_t, MATH_WGS):
             s, ph = _ring(g + i, STAGES)
             s2 = _ring(g + i, SC_SLOTS)[0]
@@ -608,15 +561,11 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 if WG == 0:
                     if g + i == 0:
                         _stamp(sched_ptr, 6, idl, False)
-            if TURNS:  # the previous tile's wgmma (the previous warpgroup's) has completed
-                mbarrier.wait(turn.index(0), ((g + i) // MATH_WGS) & 1)
             acc = warpgroup_mma(k_smem.index(s), q_op, gl.zeros([64, NQ], gl.float32, mlay), use_acc=False,
                                 is_async=True)
+            # during the wgmma
             sc = gl.expand_dims(sc_smem.index(s2)._reinterpret(gl.float32, [64], flat).load(slay), 1)
-            if not LATE_ID:  # read during the wgmma
-                blk = gl.max(ids.index(s2).load(idl), 0)
-            if DEFER:  # the previous tile's quad sums, scale, mask and store, under this tile's wgmma
-                _finish(gl.sum(part, axis=2), sc_p, blk_p, i_p, t_lo, offs_t, lens2, rows, num_blocks, max_ctx)
+            blk = gl.max(ids.index(s2).load(idl), 0)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             if TRACE:
                 c2 = _tick(idl)
@@ -625,21 +574,12 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.expect(empty.index(s), 0)
             else:
                 mbarrier.arrive(empty.index(s), count=1)
-            if TURNS:  # the next tile's warpgroup may start its wgmma
-                mbarrier.expect(turn_next.index(0), 0)
-            if LATE_ID:  # after the release (the ids' deeper ring keeps them until the next tile)
-                blk = gl.max(ids.index(s2).load(idl), 0)
-            if DEFER:
-                part = _thread_sums(acc, w_row, NEXT_N, H)
-                sc_p = sc
-                blk_p = blk
-                i_p = i
-            else:
-                _finish(_head_sum(acc, w_row, NEXT_N, H), sc, blk, i, t_lo, offs_t, lens2, rows, num_blocks, max_ctx)
+            r = _head_sum(acc, w_row, NEXT_N, H)
+            p2 = (t_lo + i) * 64 + offs_t
+            seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
+            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
             if TRACE:
                 spent = _account(spent, c0, c1, c2, _tick(idl))
-        if DEFER:  # this warpgroup's last tile of the sequence
-            _finish(gl.sum(part, axis=2), sc_p, blk_p, i_p, t_lo, offs_t, lens2, rows, num_blocks, max_ctx)
         mbarrier.arrive(q_empty.index(qs), count=1)
         g += n_t
         qn += 1
@@ -693,19 +633,6 @@ def _init_rings(ready, empty, q_ready, q_empty, STAGES: gl.constexpr, MATH_WGS: 
 
 
 @_jit
-def _init_turns(turn0, turn1, turn2, turn3, MATH_WGS: gl.constexpr):
-    """GluonPagedConfig.turns: warpgroup k's turn on the tensor cores is handed to it by warpgroup k - 1
-    (one arrival); the first turn is given."""
-    mbarrier.init(turn0.index(0), count=1)
-    mbarrier.init(turn1.index(0), count=1)
-    if MATH_WGS == 4:
-        mbarrier.init(turn2.index(0), count=1)
-        mbarrier.init(turn3.index(0), count=1)
-    fence_async_shared()
-    mbarrier.arrive(turn0.index(0), count=1)
-
-
-@_jit
 def _grid_dependency(WAIT: gl.constexpr, TRIGGER: gl.constexpr):
     """Run by the default partition after its barrier set-up and before ``warp_specialize``, whose start
     releases the other partitions only after it. WAIT, a programmatic dependent launch's wait: returns
@@ -730,7 +657,7 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      LENS_2D: gl.constexpr, CLEAN: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
                      FILL_REGS: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr, PDL: gl.constexpr,
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
-                     LATE_ID: gl.constexpr, TURNS: gl.constexpr, DEFER: gl.constexpr, num_warps: gl.constexpr):
+                     num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
     NQ: gl.constexpr = NEXT_N * H
     D: gl.constexpr = q_desc.block_type.shape[1]
@@ -753,17 +680,9 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     split = gl.allocate_shared_memory(gl.int32, [11, 1], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     split_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    # One allocation per warpgroup's turn: triton's barrier analysis would put a bar.sync between a wait on
-    # one and an arrive on another of a single allocation.
-    turn0 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    turn1 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    turn2 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    turn3 = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(split_ready.index(0), count=1)
     if not LATE_INIT:
         _init_rings(ready, empty, q_ready, q_empty, STAGES, MATH_WGS)
-    if TURNS:
-        _init_turns(turn0, turn1, turn2, turn3, MATH_WGS)
     if PDL or TRIGGER:
         _grid_dependency(PDL, TRIGGER)
     # The partition lists are written out: a tuple bound to a name would turn its constexprs into tensors.
@@ -771,13 +690,13 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn1, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -788,13 +707,13 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn1, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -804,21 +723,21 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         if CLEAN:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn1, turn2, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn2, turn3, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn3, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -829,21 +748,21 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
         else:
             gl.warp_specialize([
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn0, turn1, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 0, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn1, turn2, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 1, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn2, turn3, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 2, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_math, (q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, split, split_ready,
-                          turn3, turn0, sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb,
-                          stride_clj, stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE,
-                          RELEASE, SC_SLOTS, LATE_INIT, LATE_ID, TURNS, DEFER)),
+                          sched_ptr, cl_ptr, out_ptr, num_seqs, covered, max_ctx, num_blocks, stride_clb, stride_clj,
+                          stride_om, 3, NEXT_N, H, STAGES, MATH_WGS, LENS_2D, CLEAN, PRESPLIT, TRACE, RELEASE,
+                          SC_SLOTS, LATE_INIT)),
                 (_loader, (q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, ids, ready, empty,
                            q_ready, q_empty, split, split_ready, sched_ptr, cl_ptr, bt_ptr, num_seqs, covered,
                            stride_clb, stride_clj, stride_btb, NEXT_N, H, BS, STAGES, LENS_2D, PRESPLIT, TRACE,
@@ -868,8 +787,7 @@ def _constexprs(cfg: GluonPagedConfig, next_n: int, h: int, block_size: int, len
             "LOADER_REGS": cfg.loader_regs or (40 if two else 24),
             "FILL_REGS": (cfg.fill_regs or (40 if two else 24)) if clean else 0, "PRESPLIT": bool(presplit),
             "TRACE": bool(cfg.trace), "PDL": bool(cfg.pdl), "TRIGGER": bool(cfg.trigger), "RELEASE": bool(cfg.release),
-            "LATE_INIT": bool(cfg.late_init), "LATE_ID": bool(cfg.late_id), "TURNS": bool(cfg.turns),
-            "DEFER": bool(cfg.defer) and h >= 8,
+            "LATE_INIT": bool(cfg.late_init),
             "num_warps": 4}
 
 
