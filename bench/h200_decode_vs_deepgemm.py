@@ -33,10 +33,6 @@ graph is timed as one more implementation, ``deepgemm(again)``: its ratio is the
 rounded up to 64-token blocks x (D + 4) bytes read once, plus q, weights and the logits written;
 %cp is of the device copy bandwidth measured here (eager 2 GiB -> 2 GiB copy_, read + write
 counted, median of 9; a copy captured in a graph runs on a copy engine and reads ~35% lower).
-With ``--copy-floor`` a plain SM copy kernel moving each shape's bytes (half read from the shape's
-caches, half written) is timed in the same rounds, ``copy(same bytes)``: what launch, ramp and drain
-leave of the copy bandwidth at that size; the implementations' GB/s at next_n = 1 is then also given
-as a percentage of it.
 With ``--separated`` every call in the graph follows a tiny plain kernel (one float incremented), and
 the time of a graph of those alone (replayed in the same rounds) is subtracted: no call overlaps the
 one before (a launch made dependent by PDL then waits on a kernel that neither triggers early nor is
@@ -93,11 +89,6 @@ ROUNDS = 15
 #: The name of DeepGEMM's second graph, timed as one more implementation: its ratio to DeepGEMM is the
 #: run's own noise floor (an A/A comparison of one kernel with itself).
 DG_AGAIN = "deepgemm(again)"
-#: The name of a plain copy kernel timed beside the implementations (``--copy-floor``): it moves as many
-#: bytes as the op (half read from the shape's caches, half written), so its GB/s is what launch, ramp
-#: and drain leave of the copy bandwidth at that size.
-SAME_BYTES = "copy(same bytes)"
-COPY_FLOOR = False
 
 
 def process_start() -> float:
@@ -416,19 +407,6 @@ def _captured(calls: list[Callable[[], Any]]) -> Any:
     return g
 
 
-def same_bytes_copies(bt: Batch, nbytes: int) -> list[Callable[[], Any]]:
-    """One call per cache of a plain SM copy kernel (int32 read, float32 written: an elementwise kernel,
-    where a same-dtype ``copy_`` would be a copy-engine node in the graph) moving ``nbytes`` in all: the
-    first nbytes / 2 bytes of that cache, read, and as many written to a buffer of its own."""
-    n = nbytes // 8
-    out = []
-    for cache in bt.caches:
-        src = cache.view(-1)[: 4 * n].view(torch.int32)
-        dst = torch.empty(n, dtype=torch.float32, device=src.device)
-        out.append(lambda d=dst, s=src: d.copy_(s))
-    return out
-
-
 def paired_ratio(base: list[float], mine: list[float]) -> float:
     """Median over rounds of base / mine, each round's two times taken moments apart."""
     return statistics.median(b / m for b, m in zip(base, mine) if m > 0)
@@ -525,9 +503,6 @@ def run_shape(bt: Batch, next_n: int, h: int, impls: dict[str, Impl], host_impls
     if "deepgemm" in timed:  # the A/A control: one more graph of the same DeepGEMM calls
         timed[DG_AGAIN] = list(timed["deepgemm"])
         res["impls"][DG_AGAIN] = {}
-    if COPY_FLOOR:
-        timed[SAME_BYTES] = same_bytes_copies(bt, res["bytes"])
-        res["impls"][SAME_BYTES] = {}
     errors: dict[str, str] = {}
     times = interleaved_us(timed, errors)
     dg_rounds = times.get("deepgemm", (0.0, []))[1]
@@ -599,10 +574,6 @@ def summary(shapes: list[dict], names: list[str], host_names: list[str], info: d
         vs = (f"x DG min {min(ratios):.2f} median {statistics.median(ratios):.2f} "
               f">=1.0 on {sum(x >= 1.0 for x in ratios)}/{len(ratios)}" if ratios else "x DG -")
         bw = f"; next_n=1 %cp min {min(pcts):.0f} median {statistics.median(pcts):.0f}" if pcts else ""
-        floor = [100 * r["impls"][n]["GBps"] / r["impls"][SAME_BYTES]["GBps"] for r in shapes
-                 if r["next_n"] == 1 and "GBps" in r["impls"].get(n, {}) and "GBps" in r["impls"].get(SAME_BYTES, {})]
-        if floor and n != SAME_BYTES:
-            bw += f"; % of a same-bytes copy min {min(floor):.0f} median {statistics.median(floor):.0f}"
         lines.append(f"  {short[n]:12s} {vs}{bw}")
     lines.append("\nbest kernel variant per (next_n, H) class (geomean x DeepGEMM over the class's shapes):")
     variants = [n for n in names if n.startswith(("triton:", "gluon:"))]
@@ -675,7 +646,7 @@ def watchdog(deadline: float) -> threading.Timer:
 
 
 def main() -> int:
-    global DEVICE, SEPARATED, COPY_FLOOR
+    global DEVICE, SEPARATED
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help="comma-separated Triton variants (VARIANTS names, each optionally with "
@@ -689,9 +660,6 @@ def main() -> int:
     parser.add_argument("--separated", action="store_true",
                         help="time each call after a tiny plain kernel (its time subtracted), so no call overlaps "
                              "the one before, as beside an engine's plainly launched kernels")
-    parser.add_argument("--copy-floor", action="store_true",
-                        help=f"also time {SAME_BYTES!r}: a plain copy kernel moving each shape's bytes, replayed "
-                             "like the implementations (what a kernel of that size can reach)")
     parser.add_argument("--quick", action="store_true", help="three (B, C) groups only")
     parser.add_argument("--budget", type=float, default=105.0,
                         help="seconds from process start after which no new (B, C) group starts")
@@ -700,7 +668,6 @@ def main() -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     SEPARATED = args.separated
-    COPY_FLOOR = args.copy_floor
     order = QUICK if args.quick else ORDER
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -743,7 +710,7 @@ def main() -> int:
     log(f"copy bandwidth {copy['eager']:.0f} GB/s (eager copy_, read + write); "
         f"{copy['graph']:.0f} GB/s replayed from a graph")
     with RUN.lock:
-        RUN.names = list(impls) + ([DG_AGAIN] if dg is not None else []) + ([SAME_BYTES] if COPY_FLOOR else [])
+        RUN.names = list(impls) + ([DG_AGAIN] if dg is not None else [])
         RUN.host_names = list(host_impls)
         RUN.info = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
                     "deepgemm": dg_note, "copy_GBps": copy, "variants": variants, "argv": sys.argv[1:],
