@@ -111,7 +111,8 @@ def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", ar
     provider = registry.provider_for(arch_of_device(args[0].device), op.name, op.pair(args), problem, s=s)
     out = provider.run(op, problem, args, clean_logits)
     if key is not None:
-        remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits), output_check(out)))
+        remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits),
+                              output_check(out, op.tensors(args))))
     return out
 
 

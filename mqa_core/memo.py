@@ -86,12 +86,35 @@ def _tensor_check(tensors: tuple[Any, ...]) -> Any:
         return False
 
 
-def output_check(out: Any) -> Callable[[Any], bool] | None:
+def output_check(out: Any, inputs: tuple[Any, ...]) -> Callable[[Any, tuple[Any, ...]], bool] | None:
     """The check a signature's later outputs are held to, built from its first (which passed
-    ``mqa_core.result.check_logits``): torch's guard of that output's type, dtype, device, sizes and
-    strides (~0.3 us in C++ against ~1 us of attribute reads), or None where none can be built (then
-    every output gets the full check)."""
-    return _tensor_check((out,)) or None
+    ``mqa_core.result.check_logits`` and ``check_disjoint``): torch's guard of that output's type,
+    dtype, device, sizes and strides (~0.3 us in C++ against ~1 us of attribute reads), and that it
+    overlaps none of the call's ``inputs`` (the op's tensor arguments, :attr:`Op.tensors`) in memory:
+    their extents are the signature's, so this is a few pointer comparisons. None where no guard can
+    be built (then every output gets the full checks)."""
+    guard = _tensor_check((out,))
+    if not guard:
+        return None
+    from .result import extent
+
+    size = extent(out)
+    if not size:  # an empty output overlaps nothing
+        return lambda out, inputs: guard(out) is True
+    # input i overlaps [lo, lo + size) iff -extent_i < ptr_i - lo < size; an empty input never does
+    # (its bound is size, so the test reads size < d < size)
+    bounds = tuple(-e if e else size for e in (extent(t) for t in inputs))
+
+    def check(out: Any, inputs: tuple[Any, ...]) -> bool:
+        if not guard(out):
+            return False
+        lo = out.data_ptr()
+        for t, low in zip(inputs, bounds):
+            if low < t.data_ptr() - lo < size:
+                return False
+        return True
+
+    return check
 
 
 def _found(table: Any, key: Signature, entry: Any, scalars: tuple[Any, ...], tensors: tuple[Any, ...]) -> None:
@@ -251,6 +274,9 @@ class Op:
     #: kernel function receives only where it names them (and the call gives one, not None), as pluggy
     #: passes a hook only the arguments it takes.
     hint_names: tuple[str, ...] = ()
+    #: args -> the op's tensor arguments (what an output must not overlap), named by :attr:`tensor_names`
+    tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
+    tensor_names: tuple[str, ...] = ()
     #: The name of the kernel object's optional ``prepare_<op>`` function (set from ``name``; a field, not
     #: a property: the per-call path reads it).
     prepare: str = field(init=False)
@@ -259,7 +285,18 @@ class Op:
         object.__setattr__(self, "prepare", f"prepare_{self.name}")
 
 
-MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5)
-PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, 6, ("schedule",))
+def _mqa_tensors(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    q, kv, weights, ks, ke = args
+    return q, kv[0], kv[1], weights, ks, ke
+
+
+def _paged_tensors(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return args[:5] if args[6] is None else (*args[:5], args[6])
+
+
+MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5, (), _mqa_tensors,
+         ("q", "k", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke"))
+PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, 6, ("schedule",),
+           _paged_tensors, ("q", "kv_cache", "weights", "context_lens", "block_tables", "schedule"))
 #: The ops by name (``mqa_core.spec.OPS`` lists the names a spec may declare).
 OP_BY_NAME = {MQA.name: MQA, PAGED.name: PAGED}

@@ -27,7 +27,7 @@ PreparedCall = Callable[..., Any]
 #: What a memo table holds per signature, for both ops and in every table (the public ops' and a
 #: provider's own): the checks' problem, the provider serving it, its prepared call or None, and the
 #: check of its first output (``mqa_core.memo.output_check``).
-Entry = tuple[Problem, "Provider", PreparedCall | None, Callable[[Any], bool] | None]
+Entry = tuple[Problem, "Provider", PreparedCall | None, Callable[[Any, tuple[Any, ...]], bool] | None]
 #: The hints a kernel function takes: (name, index in the op's ``args``) for each it names.
 Takes = tuple[tuple[str, int], ...]
 #: The keyword arguments of a call that hands a kernel function no hint (shared: never written).
@@ -142,7 +142,8 @@ class Provider:
         problem = op.check(*args, clean_logits, spec=self.spec, full=self._validate_full)
         out = self.run(op, problem, args, clean_logits)
         if key is not None:
-            remember(table, key, (problem, self, self.prepare(op, args, clean_logits), output_check(out)))
+            remember(table, key, (problem, self, self.prepare(op, args, clean_logits),
+                                  output_check(out, op.tensors(args))))
         return out
 
     def prepare(self, op: Op, args: tuple[Any, ...], clean_logits: bool) -> PreparedCall | None:
@@ -169,14 +170,15 @@ class Provider:
                       f"calls take {op.name}", RuntimeWarning, stacklevel=3)
 
     def run(self, op: Op, problem: Problem, args: tuple[Any, ...], clean_logits: bool,
-            prepared: PreparedCall | None = None, out_check: Callable[[Any], bool] | None = None) -> "torch.Tensor":
+            prepared: PreparedCall | None = None,
+            out_check: Callable[[Any, tuple[Any, ...]], bool] | None = None) -> "torch.Tensor":
         """The kernel on arguments already validated (``problem`` is what validation returned),
         through ``prepared`` (what :meth:`prepare` returned for this call's signature) when there is
         one, and the check of its result. The call's hints go to the functions that name them (a
         prepared call gets those its ``prepare_<op>`` names). ``out_check``: the signature's check of
         an output that passed (``mqa_core.memo.output_check``); a result it accepts has that output's
-        type, dtype, device, sizes and strides, so it passes the full check too, which any other
-        result gets."""
+        type, dtype, device, sizes and strides and overlaps no input, so it passes the full checks
+        too, which any other result gets."""
         try:
             if prepared is None:
                 out = getattr(self.impl, op.name)(*args[:op.positional], clean_logits=clean_logits,
@@ -186,8 +188,10 @@ class Provider:
                 out = prepared(*args[:5], **_hints(takes, args)) if takes else prepared(*args[:5])
         except SystemExit as exc:  # a kernel must not end the caller's process
             raise self._exited(op.name, exc) from exc
-        if out_check is None or not out_check(out):
+        inputs = op.tensors(args)
+        if out_check is None or not out_check(out, inputs):
             self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)
+            self._result.check_disjoint(out, inputs, op.tensor_names, self.spec, op.name)
         if self._validate_full:
             op.values(self._result, out, args, clean_logits, self.spec)
         return out

@@ -1,8 +1,10 @@
 """What a kernel returned, checked against the op's contract before the caller sees it.
 
 The cheap check runs on every call: a few attribute reads (type, dtype, shape, device, strides), no
-device sync. With ``MQA_VALIDATE=full`` the values are checked too: every cell inside a window must
-be finite, and with ``clean_logits`` every cell outside must be ``-inf``. A mismatch raises
+device sync; and the output must not overlap any input in memory (pointer arithmetic: a kernel that
+hands back a view of an input, or writes its result into one, is refused). With ``MQA_VALIDATE=full``
+the values are checked too: every cell inside a window must be finite, and with ``clean_logits``
+every cell outside must be ``-inf``. A mismatch raises
 :class:`~mqa_core.errors.ProviderResultError` naming the provider and its distribution.
 
 Imported only once a provider is loaded (it imports torch; ``import mqa_core`` must not).
@@ -32,9 +34,10 @@ def _fail(spec: ProviderSpec, op: str, text: str) -> ProviderResultError:
 
 
 def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> None:
-    """Type torch.Tensor, dtype float32, shape [m, n], on ``device``, last dim contiguous, row
-    stride >= n. Raises ProviderResultError saying what was expected and what came back."""
-    if type(out) is _Tensor or isinstance(out, _Tensor):
+    """Type exactly torch.Tensor (a subclass can override anything it is asked), dtype float32, shape
+    [m, n], on ``device``, last dim contiguous, row stride >= n. Raises ProviderResultError saying what
+    was expected and what came back."""
+    if type(out) is _Tensor:
         if out.dtype is _F32 and out.shape == (m, n) and out.device == device:
             s0, s1 = out.stride()
             if (s1 == 1 or n <= 1) and (s0 >= n or m <= 1):
@@ -46,6 +49,9 @@ def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: tor
     expected = f"a float32 torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
     if not isinstance(out, _Tensor):
         return _fail(spec, op, f"expected {expected}; got {type(out).__module__}.{type(out).__qualname__}")
+    if type(out) is not _Tensor:
+        return _fail(spec, op, f"expected {expected}; got a subclass of it, {type(out).__module__}."
+                               f"{type(out).__qualname__} (a result must be exactly torch.Tensor)")
     wrong = []
     if out.dtype != _F32:
         wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected float32)")
@@ -60,6 +66,43 @@ def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: tor
         elif not (s0 >= n or m <= 1):
             wrong.append(f"strides {(s0, s1)}: rows overlap (row stride < {n})")
     return _fail(spec, op, f"expected {expected}; got " + "; ".join(wrong))
+
+
+def extent(t: torch.Tensor) -> int:
+    """The bytes ``t`` spans from its first element's address (0 when it has no element); torch's
+    strides are never negative, so every element lies in ``[t.data_ptr(), t.data_ptr() + extent(t))``."""
+    if t.is_contiguous():  # the common case, in two C++ calls
+        return t.nbytes
+    if t.numel() == 0:
+        return 0
+    return (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def overlap(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> int | None:
+    """The index of the first of ``inputs`` whose memory overlaps ``out``'s, or None: pointer
+    arithmetic on start addresses and extents (same device: the argument checks made sure)."""
+    size = extent(out)
+    if not size:
+        return None
+    lo = out.data_ptr()
+    hi = lo + size
+    for i, t in enumerate(inputs):
+        e = extent(t)
+        p = t.data_ptr()
+        if e and p < hi and lo < p + e:
+            return i
+    return None
+
+
+def check_disjoint(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], names: tuple[str, ...],
+                   spec: ProviderSpec, op: str) -> None:
+    """ProviderResultError when the output overlaps an input in memory: a view of an input, or a
+    result written into the caller's memory (the ops mutate nothing; see docs/hooks.md)."""
+    i = overlap(out, inputs)
+    if i is not None:
+        raise _fail(spec, op, f"the output overlaps input {names[i]} in memory (it starts at "
+                              f"{out.data_ptr():#x}, {names[i]} at {inputs[i].data_ptr():#x}): a result must "
+                              "be memory of its own, never a view of an input or written into one")
 
 
 def _check_windows(out: torch.Tensor, inside: torch.Tensor, clean: bool, spec: ProviderSpec, op: str) -> None:

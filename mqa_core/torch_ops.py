@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from . import api
+from .validate import _same_device
 
 __all__ = ["fp8_mqa_logits", "fp8_paged_mqa_logits", "register"]
 
@@ -81,6 +82,10 @@ def _fake_logits(like: torch.Tensor, m: Any, n: Any) -> torch.Tensor:
 def _prefill_fake(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                   cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
                   clean_logits: bool = True) -> torch.Tensor:
+    # The dispatcher runs this (the Meta kernel) when any one argument is on the meta device: mixed
+    # devices get the public op's refusal here, not an uninitialised result.
+    _same_device("fp8_mqa_logits", {"q": q, "k": k, "k_scale": k_scale, "weights": weights,
+                                    "cu_seqlen_ks": cu_seqlen_ks, "cu_seqlen_ke": cu_seqlen_ke})
     torch._check(q.dim() == 3 and k.dim() == 2, lambda: "q must be [M, H, D] and k [N, D]")
     return _fake_logits(q, q.shape[0], k.shape[0])
 
@@ -88,6 +93,11 @@ def _prefill_fake(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weigh
 def _paged_fake(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                 block_tables: torch.Tensor, max_context_len: Any, *, clean_logits: bool = True,
                 schedule: torch.Tensor | None = None) -> torch.Tensor:
+    op = "fp8_paged_mqa_logits"
+    _same_device(op, {"q": q, "kv_cache": kv_cache, "weights": weights, "context_lens": context_lens,
+                      "block_tables": block_tables})
+    if schedule is not None and schedule.device != q.device:  # the device only: no guard on its sizes
+        raise TypeError(f"{op}: schedule is on {schedule.device}, the call's tensors on {q.device}")
     torch._check(q.dim() == 4, lambda: "q must be [B, next_n, H, D]")
     return _fake_logits(q, q.shape[0] * q.shape[1], max_context_len)
 

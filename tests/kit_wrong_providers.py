@@ -99,3 +99,77 @@ def mqa_providers():
                          priority=-100, load=f"wrong_providers.kernels:{{attr}}", description=what)
             for name, (attr, ops, what) in WRONG.items()]
 '''
+
+
+#: Providers whose every logit is exact, but which break the ops' other promises (issue 37): the kit
+#: must fail each (and the core refuses the last two on every call).
+UNSAFE = {
+    "wrong_reuse": ("REUSE", "hands back one output buffer per shape, written again by every call"),
+    "wrong_mutate": ("MUTATE", "clamps cu_seqlen_ks/ke in place; zeroes unused block-table entries"),
+    "wrong_view": ("VIEW", "writes its result into an input's memory and returns a view of it"),
+    "wrong_subclass": ("SUBCLASS", "returns a torch.Tensor subclass"),
+}
+
+UNSAFE_KERNELS = '''
+import torch
+from mqa_provider_torch_ref.kernels import KERNELS as REF
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+class Unsafe:
+    def __init__(self, kind):
+        self.kind, self.buffers = kind, {}
+
+    def _finish(self, out, inputs):
+        if self.kind == "reuse":  # a CUDA graph's static output, say
+            buf = self.buffers.setdefault(tuple(out.shape), torch.empty_like(out))
+            return buf.copy_(out)
+        if self.kind == "view":
+            big = max(inputs, key=lambda t: t.untyped_storage().nbytes())
+            if big.untyped_storage().nbytes() >= out.numel() * 4:
+                view = torch.empty(0, dtype=torch.float32, device=out.device)
+                view.set_(big.untyped_storage(), 0, out.shape, (out.shape[1], 1))
+                return view.copy_(out)
+            return out
+        if self.kind == "subclass":
+            return out.as_subclass(Sub)
+        return out
+
+    def fp8_mqa_logits(self, q, kv, w, ks, ke, *, clean_logits=True):
+        out = REF.fp8_mqa_logits(q, kv, w, ks, ke, clean_logits=clean_logits)
+        if self.kind == "mutate":  # the contract clamps the windows anyway: the logits stay exact
+            ks.clamp_(min=0)
+            ke.clamp_(max=kv[0].shape[0])
+        return self._finish(out, (q, kv[0], kv[1], w, ks, ke))
+
+    def fp8_paged_mqa_logits(self, q, kv_cache, w, context_lens, block_tables, max_context_len, *,
+                             clean_logits=True):
+        out = REF.fp8_paged_mqa_logits(q, kv_cache, w, context_lens, block_tables, max_context_len,
+                                       clean_logits=clean_logits)
+        if self.kind == "mutate":  # entries past each sequence's context are never read
+            lens = context_lens if context_lens.dim() == 1 else context_lens.max(dim=1).values
+            bs = kv_cache.shape[1]
+            used = torch.arange(block_tables.shape[1], device=q.device)[None, :] * bs < lens[:, None]
+            block_tables.masked_fill_(~used, 0)
+        return self._finish(out, (q, kv_cache, w, context_lens, block_tables))
+
+
+REUSE, MUTATE, VIEW, SUBCLASS = Unsafe("reuse"), Unsafe("mutate"), Unsafe("view"), Unsafe("subclass")
+'''
+
+UNSAFE_SPECS = f'''
+from mqa_core import ProviderSpec, hookimpl
+
+UNSAFE = {UNSAFE!r}
+
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name=name, ops={{"fp8_mqa_logits", "fp8_paged_mqa_logits"}}, archs={{"cpu", "sm_90"}},
+                         dtypes={{"float8_e4m3fn"}}, priority=-100, load=f"unsafe_providers.kernels:{{attr}}",
+                         description=what)
+            for name, (attr, what) in UNSAFE.items()]
+'''

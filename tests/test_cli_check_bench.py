@@ -295,3 +295,31 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     out = capsys.readouterr().out
     assert "check" in out and "bench" in out
+
+
+def test_check_fails_providers_that_alias_mutate_reuse_or_subclass(install_dist, monkeypatch) -> None:
+    """Issue 37: four providers whose every logit is exact, each breaking one promise the ops make; the
+    kit certified all of them before (258/258). Each now FAILS, saying what it did."""
+    from kit_wrong_providers import UNSAFE, UNSAFE_KERNELS, UNSAFE_SPECS
+
+    site = install_dist("unsafe-providers", "1.0", {"unsafe_providers/__init__.py": UNSAFE_SPECS,
+                                                    "unsafe_providers/kernels.py": UNSAFE_KERNELS},
+                        entry_points={"mqa_core.providers": {"unsafe": "unsafe_providers"}})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
+    args = [a for name in UNSAFE for a in ("--provider", name)]
+    r = _mqa("check", *args, "--provider", "torch_ref", "--dtype", "e4m3fn", "--json", "--seed", "5",
+             "-k", "fresh or (prefill_window and edges) or paged_layout")
+    assert r.returncode == 1, r.stderr
+    data = json.loads(r.stdout)
+    got = {name: {f["case"].partition("[")[0]: f["message"] for f in row["failures"]}
+           for name, row in data["providers"].items()}
+    assert data["providers"]["torch_ref"]["failed"] == 0 and data["providers"]["torch_ref"]["passed"] == 6, data
+    assert set(got["wrong_reuse"]) == {"test_prefill_fresh_output", "test_paged_fresh_output"}, got["wrong_reuse"]
+    assert "hands back a buffer it writes again" in got["wrong_reuse"]["test_prefill_fresh_output"]
+    mutate = got["wrong_mutate"]
+    assert {"test_prefill_window", "test_paged_layout"} <= set(mutate), mutate
+    assert "the provider wrote its input cu_seqlen_ks" in mutate["test_prefill_window"]
+    assert "the provider wrote its input block_tables" in mutate["test_paged_layout"]
+    for name, words in (("wrong_view", "the output overlaps input"), ("wrong_subclass", "a subclass of it")):
+        assert data["providers"][name]["passed"] == 0, (name, data["providers"][name])
+        assert all(words in m for m in got[name].values()), (name, got[name])

@@ -288,7 +288,10 @@ def test_paged_problems_carry_next_n_and_block_size(y):
     (problem, provider, prepared, out_check), = registry.state().paged_calls.values()
     assert problem == Problem(4, 100, 4, 64, next_n=2, block_size=16) and provider.name == "torch_ref"
     assert prepared is None  # torch_ref's kernel object prepares nothing: its method serves every call
-    assert out_check(torch.empty(4, 100)) and not out_check(torch.empty(4, 101))
+    inputs = y.args()[:5]
+    assert out_check(torch.empty(4, 100), inputs) and not out_check(torch.empty(4, 101), inputs)
+    q = y.args()[0]  # an output that overlaps an input fails the signature's check
+    assert not out_check(torch.empty(0).set_(q.untyped_storage(), 0, (4, 100), (100, 1)), inputs)
     p = mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits")
     p.fp8_paged_mqa_logits(*y.args())
     assert [e[:3] for e in p._passed_paged.values()] == [(problem, p, None)]

@@ -154,3 +154,105 @@ def test_paged_full_validation_finds_nan(install_dist, monkeypatch):
     mqa_core.reload()
     with pytest.raises(mqa_core.ProviderResultError, match=r"fp8_paged_mqa_logits: 1 non-finite .*\[0, 0\]"):
         mqa_core.fp8_paged_mqa_logits(*pinp.args())
+
+
+# -- trust: a result is exactly torch.Tensor and memory of its own (issue 37) ---------------------
+
+SUBCLASS = """
+class Liar(torch.Tensor):
+    @property
+    def shape(self):  # lies: the contract's shape, whatever it holds
+        return torch.Size((6, 40))
+"""
+
+
+@pytest.mark.parametrize("body", ["out.as_subclass(Liar)", "torch.nn.Parameter(out, requires_grad=False)",
+                                  "out[:, :3].as_subclass(Liar)"])
+def test_a_tensor_subclass_is_refused_even_when_it_looks_right(install_dist, body):
+    install_dist("wrong-dist", "3.1", {"wrong_plugin.py": plugin(body) + textwrap.dedent(SUBCLASS)},
+                 {"mqa_core.providers": {"wrong": "wrong_plugin"}})
+    inp = make_inputs(PROBLEM, window="ragged", seed=2)
+    for call in (lambda: mqa_core.fp8_mqa_logits(*inp.args()),
+                 lambda: mqa_core.get_provider("cpu").fp8_mqa_logits(*inp.args())):
+        for _ in range(3):  # the first call and the remembered signature's
+            with pytest.raises(mqa_core.ProviderResultError, match="a subclass of it, .*exactly torch.Tensor"):
+                call()
+
+
+ALIASING = """
+import torch
+from mqa_core import ProviderSpec, hookimpl
+from mqa_provider_torch_ref.kernels import KERNELS as REF
+
+
+def _into(buffer, out):
+    # the result written over the caller's buffer, and handed back as a view of it
+    view = torch.empty(0, dtype=torch.float32, device=out.device)
+    view.set_(buffer.untyped_storage(), buffer.storage_offset() * buffer.element_size() // 4, out.shape,
+              (out.shape[1], 1))
+    return view.copy_(out)
+
+
+class Kernels:
+    def __init__(self):
+        self.calls = {"mqa": 0, "paged": 0}
+
+    def fp8_mqa_logits(self, q, kv, weights, ks, ke, *, clean_logits=True):
+        self.calls["mqa"] += 1
+        out = REF.fp8_mqa_logits(q, kv, weights, ks, ke, clean_logits=clean_logits)
+        return _into(q, out) if self.calls["mqa"] > FRESH else out
+
+    def fp8_paged_mqa_logits(self, q, kv_cache, weights, lens, tables, max_len, *, clean_logits=True):
+        self.calls["paged"] += 1
+        out = REF.fp8_paged_mqa_logits(q, kv_cache, weights, lens, tables, max_len, clean_logits=clean_logits)
+        return _into(kv_cache, out) if self.calls["paged"] > FRESH else out
+
+
+KERNELS = Kernels()
+
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name="wrong", ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs={"cpu"},
+                         dtypes={"float8_e4m3fn"}, priority=500, load="wrong_plugin:KERNELS")]
+"""
+
+
+@pytest.mark.parametrize("fresh", [0, 2], ids=["first call", "remembered signature"])
+@pytest.mark.parametrize("level", ["api", "provider", "torch.ops"])
+def test_an_output_in_an_inputs_memory_is_refused(install_dist, fresh, level):
+    """A kernel that writes its result into an input's memory and returns a view of it, from the first
+    call on, or only once the signature is remembered (the fast path checks too)."""
+    from mqa_core import torch_ops  # noqa: F401
+
+    install_dist("wrong-dist", "3.1", {"wrong_plugin.py": f"FRESH = {fresh}\n" + ALIASING},
+                 {"mqa_core.providers": {"wrong": "wrong_plugin"}})
+    inp = make_inputs(PROBLEM, window="ragged", seed=2)
+    pinp = make_paged_inputs(2, 2, 4, 64, 100, block_size=16)
+    if level == "api":
+        calls = (lambda: mqa_core.fp8_mqa_logits(*inp.args()), lambda: mqa_core.fp8_paged_mqa_logits(*pinp.args()))
+    elif level == "provider":
+        calls = (lambda: mqa_core.get_provider("cpu").fp8_mqa_logits(*inp.args()),
+                 lambda: mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits").fp8_paged_mqa_logits(*pinp.args()))
+    else:
+        calls = (lambda: torch.ops.mqa.fp8_mqa_logits(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke),
+                 lambda: torch.ops.mqa.fp8_paged_mqa_logits(*pinp.args()))
+    for call, name in zip(calls, ("q", "kv_cache")):
+        for _ in range(fresh):
+            call()
+        with pytest.raises(mqa_core.ProviderResultError, match=f"the output overlaps input {name} in memory"):
+            call()
+
+
+def test_outputs_next_to_inputs_in_one_buffer_pass():
+    """Disjoint is disjoint: an input and the output may share a storage without overlapping."""
+    from mqa_core.memo import MQA, output_check
+    from mqa_core.result import overlap
+
+    pool = torch.zeros(1000)
+    a, b, out = pool[:100], pool[900:], pool[100:900].view(20, 40)
+    assert overlap(out, (a, b)) is None and overlap(out, (a, pool[899:901])) == 1
+    assert overlap(out, (torch.empty(0),)) is None and overlap(out[:0], (pool,)) is None
+    check = output_check(out, (a, b))
+    assert check is not None and check(out, (a, b)) and not check(out, (a, pool[899:999]))
+    assert MQA.tensors((1, (2, 3), 4, 5, 6)) == (1, 2, 3, 4, 5, 6)

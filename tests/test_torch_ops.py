@@ -386,3 +386,45 @@ def test_cuda_graph_capture_and_replay_match_eager(op):
     for _ in range(3):
         got = graphed(*static)
     assert torch.equal(got, eager)
+
+
+# -- trust (issue 37) ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", [0, 3, 5])
+def test_one_argument_on_meta_is_refused_with_the_public_message(which):
+    """The dispatcher runs the Meta kernel (the fake) when any argument is on meta: mixed devices get
+    the public op's refusal, not uninitialised memory."""
+    inp, args = prefill_args()
+    mixed = [a.to("meta") if i == which else a for i, a in enumerate(args)]
+    with pytest.raises(ValueError, match="fp8_mqa_logits: all tensors must be on one device") as err:
+        torch.ops.mqa.fp8_mqa_logits(*mixed)
+    with pytest.raises(ValueError) as public:
+        mqa_core.fp8_mqa_logits(mixed[0], (mixed[1], mixed[2]), *mixed[3:])
+    assert str(err.value) == str(public.value)
+    paged = list(make_paged_inputs(2, 2, 16, 64, 100, seed=2).args())
+    paged[4] = paged[4].to("meta")  # block_tables
+    with pytest.raises(ValueError, match="fp8_paged_mqa_logits: all tensors must be on one device; .*"
+                                         "block_tables on meta") as err:
+        torch.ops.mqa.fp8_paged_mqa_logits(*paged)
+    with pytest.raises(ValueError) as public:
+        mqa_core.fp8_paged_mqa_logits(*paged)
+    assert str(err.value) == str(public.value)
+
+
+def test_the_ops_declare_no_mutation_and_compiled_calls_mutate_nothing():
+    for op in (torch.ops.mqa.fp8_mqa_logits.default, torch.ops.mqa.fp8_paged_mqa_logits.default):
+        schema = op._schema
+        assert not schema.is_mutable and all(a.alias_info is None for a in schema.arguments)
+        assert all(r.alias_info is None for r in schema.returns)
+    _, args = prefill_args()
+    paged = make_paged_inputs(2, 2, 16, 64, 90, seed=4).args()
+    tensors = [a for a in (*args, *paged) if isinstance(a, torch.Tensor)]
+    before = [t.view(torch.uint8).clone() if t.element_size() == 1 else t.clone() for t in tensors]
+    torch._dynamo.reset()
+    got = torch.compile(indexer_step, backend="inductor", fullgraph=True)(*args)[1]
+    got_paged = torch.compile(paged_step, backend="aot_eager", fullgraph=True)(*paged)
+    for t, b in zip(tensors, before):
+        assert torch.equal(t.view(torch.uint8) if t.element_size() == 1 else t, b)
+    from mqa_core.result import overlap
+
+    assert overlap(got, tuple(tensors)) is None and overlap(got_paged, tuple(tensors)) is None

@@ -77,6 +77,9 @@ class Windows:
 def check_output(out: Any, shape: tuple[int, int], case: Case) -> torch.Tensor:
     """The returned object is float32 logits of the right shape with a contiguous last dim."""
     assert isinstance(out, torch.Tensor), f"{case}: returned {type(out).__name__}, not a torch.Tensor"
+    assert type(out) is torch.Tensor, \
+        f"{case}: returned {type(out).__module__}.{type(out).__qualname__}, a subclass: logits must be " \
+        "exactly torch.Tensor"
     assert out.dtype == torch.float32, f"{case}: logits must be float32, got {out.dtype}"
     assert tuple(out.shape) == tuple(shape), f"{case}: logits must have shape {list(shape)}, got {list(out.shape)}"
     assert out.shape[-1] <= 1 or out.stride(-1) == 1, \
@@ -178,3 +181,44 @@ def check_identical(first: torch.Tensor, second: torch.Tensor, case: Case) -> No
         raise AssertionError(
             f"{case}: two identical calls differ in {int((~same).sum())} of {same.numel()} cells; "
             f"first at ({m}, {n}): {float(a[m, n])!r} then {float(b[m, n])!r}")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """Every byte of ``t``'s storage (padding and what other views see included), as uint8."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+class Untouched:
+    """Copies of every byte of a call's input storages, taken before the call; :meth:`check` after it
+    says which input the provider wrote (the ops mutate nothing, not even to restore it later)."""
+
+    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+        self.saved = [(name, t, _bytes(t).clone()) for name, t in named.items()]
+
+    def check(self, case: Case) -> None:
+        for name, t, before in self.saved:
+            now = _bytes(t)
+            if now.shape != before.shape or not torch.equal(now, before):
+                if now.shape != before.shape:
+                    detail = f"its storage was resized from {before.numel()} to {now.numel()} bytes"
+                else:
+                    changed = (now != before).nonzero().reshape(-1)
+                    detail = (f"{changed.numel()} of {now.numel()} bytes of its storage differ, first at byte "
+                              f"{int(changed[0])}")
+                raise AssertionError(f"{case}: the provider wrote its input {name} ({detail}): the ops "
+                                     "mutate nothing; a kernel must leave every input as it found it")
+
+
+def check_fresh(first: torch.Tensor, kept: torch.Tensor, second: Any, case: Case) -> None:
+    """A result stays the caller's: after a second call with other inputs, the first result still holds
+    what it held (``kept``, its copy) and the second lives in memory of its own."""
+    from ..result import overlap
+
+    if isinstance(second, torch.Tensor) and overlap(second, (first,)) is not None:
+        raise AssertionError(f"{case}: the second call's result lies in the first call's memory (at "
+                             f"{second.data_ptr():#x}, the first at {first.data_ptr():#x}): the provider hands "
+                             "back a buffer it writes again (copy a static CUDA-graph output before returning it)")
+    if not torch.equal(first.view(torch.int32).cpu(), kept.view(torch.int32).cpu()):  # bitwise: NaN too
+        raise AssertionError(f"{case}: a second call with other inputs changed the first call's result: the "
+                             "provider writes a buffer it already handed back (copy a static CUDA-graph output "
+                             "before returning it)")

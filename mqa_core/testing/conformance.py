@@ -324,6 +324,16 @@ def test_prefill_repeatable(kit: Kit) -> None:
     check_identical(first, second, replace(case, what=case.what + " (second call)"))
 
 
+def test_prefill_fresh_output(kit: Kit) -> None:
+    """Two calls of one signature: the second (other weights) leaves the first's result as it was, in
+    memory of its own; a provider that hands back one buffer per shape (a CUDA graph's static output,
+    say) fails. Every case also checks that no input changed, padding included."""
+    m, n = sizes_for(kit.device).windows
+    problem = kit.main_problem(m, n)
+    x = runner.prefill_inputs(kit.draw, problem, window="edges")
+    runner.run_fresh(kit.provider(PREFILL), kit.draw, x, "two calls, other weights")
+
+
 def _enough_memory(kit: Kit, need: int) -> None:
     if kit.device.type != "cuda":
         return
@@ -382,6 +392,12 @@ def test_paged_positive(kit: Kit) -> None:
     """Positive data, so every cell's bound is a fixed fraction of the logit (see test_prefill_positive)."""
     x = paged_inputs(kit, 3, 2, lens_2d=True, positive=True)
     run_paged(kit, x, clean=True, what="batch=3 next_n=2 positive data")
+
+
+def test_paged_fresh_output(kit: Kit) -> None:
+    """As test_prefill_fresh_output, for the decode op."""
+    x = paged_inputs(kit, 3, 2, lens_2d=True)
+    runner.run_fresh(kit.provider(PAGED), kit.draw, x, "batch=3 next_n=2, two calls, other weights")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

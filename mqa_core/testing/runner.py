@@ -19,7 +19,7 @@ from ..reference import fp8_mqa_logits_ref
 from ..spec import DTYPES, OPS, Problem
 from .bound import Accumulation, default_accumulation, magnitudes
 from .cases import PAGED_BLOCK_SIZE, Pair, arbitrary_lens, make_windows, pair_id, short_context_lens
-from .checks import Case, Windows, check_logits, check_mask, check_output, check_values
+from .checks import Case, Untouched, Windows, check_fresh, check_logits, check_mask, check_output, check_values
 from .data import Inputs, PagedInputs, exact, make_inputs, make_paged_inputs
 from .large import Sampled, exact_at, paged_keys_at
 from .layouts import prefill_layout
@@ -126,9 +126,43 @@ def run_prefill(provider: Provider, draw: Draw, problem: Problem, *, window: str
                                                       f"k_scale={'[N, 1]' if k_scale_2d else '[N]'}"
                                                       + (" positive data" if positive else "")
                                                       + (f" layout={layout}" if layout else "")), problem)
+    untouched = Untouched(prefill_named(x))
     out, out_layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=clean), draw.device)
+    untouched.check(case)
     check_prefill(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout)
     return x, out, case
+
+
+def prefill_named(x: Inputs) -> dict[str, torch.Tensor]:
+    """A prefill call's tensor arguments by name."""
+    return {"q": x.q, "k": x.k, "k_scale": x.k_scale, "weights": x.weights, "cu_seqlen_ks": x.ks,
+            "cu_seqlen_ke": x.ke}
+
+
+def paged_named(x: PagedInputs, schedule: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """A paged call's tensor arguments by name (the schedule where there is one)."""
+    named = {"q": x.q, "kv_cache": x.kv_cache, "weights": x.weights, "context_lens": x.context_lens,
+             "block_tables": x.block_tables}
+    return named if schedule is None else {**named, "schedule": schedule}
+
+
+def run_fresh(provider: Provider, draw: Draw, x: Inputs | PagedInputs, what: str) -> None:
+    """Two calls of one signature, the second with other weights (so other logits): the first result
+    must still hold what it held, in memory of its own (a provider that reuses its output buffer, as
+    a CUDA graph's static output would, fails)."""
+    paged = isinstance(x, PagedInputs)
+    op = PAGED if paged else PREFILL
+    call = getattr(provider, op)
+    cols = x.max_context_len if isinstance(x, PagedInputs) else x.k.shape[0]
+    problem = Problem(x.weights.shape[0], cols, x.q.shape[-2], x.q.shape[-1])
+    case = draw.case(provider.name, op, what, problem)
+    first = check_output(call(*x.args(), clean_logits=True), (problem.m, problem.n), case)
+    kept = first.clone()
+    other = replace(x, weights=x.weights * 0.5)  # exact: every finite, nonzero logit halves
+    second = call(*other.args(), clean_logits=True)
+    if draw.device.type == "cuda":
+        torch.cuda.synchronize(draw.device)
+    check_fresh(first, kept, second, case)
 
 
 def paged_inputs(draw: Draw, batch: int, next_n: int, h: int, d: int, context: int, *, lens_2d: bool,
@@ -155,8 +189,10 @@ def run_paged(provider: Provider, draw: Draw, x: PagedInputs, *, clean: bool, wh
     case = draw.case(provider.name, PAGED,
                      f"{what} context_lens={'[B, next_n]' if x.context_lens.dim() == 2 else '[B]'}="
                      f"{lens} block_size={x.kv_cache.shape[1]} clean_logits={clean}", problem)
+    untouched = Untouched(paged_named(x, schedule))
     out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean,
                                                                           schedule=schedule), draw.device)
+    untouched.check(case)
     check_paged(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout)
     return out
 
