@@ -10,7 +10,11 @@ Trust boundaries (see docs/hooks.md):
   propagates: it is the user's, not the plugin's;
 - a plugin is valid as a whole or not at all: one bad item in what its hook returns and none of its
   specs are used;
-- ``MQA_PLUGINS`` is decided before any import: an entry point it leaves out is never imported;
+- ``MQA_PLUGINS`` is decided before any import: an entry point it leaves out is never imported; it
+  names distributions (unique in an environment), never bare entry-point names (anyone's to choose);
+- a distribution installed twice on ``sys.path`` (two dist-info directories whose names normalise
+  alike) is never imported: ``importlib.metadata`` shows only the first, so which code served would
+  depend on path order. Both are reported as broken (stage ``shadowed``) until one is removed;
 - a spec's distribution and version are the installed distribution's, never what the plugin says.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import logging
+import os
 import threading
 import time
 import warnings
@@ -46,7 +51,7 @@ class BrokenPlugin:
     entry_point: str
     distribution: str
     version: str
-    stage: str  # import | register | hook | spec | duplicate
+    stage: str  # import | register | hook | spec | duplicate | shadowed
     error: str
     import_seconds: float | None = None
 
@@ -97,12 +102,50 @@ def _dist(ep: Any) -> tuple[str, str]:
     return dist.metadata["Name"] or "", dist.version or ""
 
 
-def _entry_points() -> list[Any]:
-    found = md.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
-    # Sorted, and deduplicated (a dist on sys.path twice lists twice), so that every process and
-    # every rank discovers the same plugins in the same order.
-    unique = {(ep.name, ep.value, *_dist(ep)): ep for ep in found}
-    return [unique[k] for k in sorted(unique)]
+def _where(dist: Any) -> str:
+    """Where a distribution's metadata lives (symlinks resolved), to tell two copies apart."""
+    path = getattr(dist, "_path", None)
+    try:
+        return os.path.realpath(str(path if path is not None else dist.locate_file("")))
+    except Exception:  # a custom finder's distribution: its identity is all there is
+        return f"<{type(dist).__name__} {id(dist):#x}>"
+
+
+def _normalized(dist: Any) -> str:
+    name = getattr(dist, "_normalized_name", None)  # from the directory name: no METADATA read
+    return normalize_distribution(name if isinstance(name, str) and name else (dist.metadata["Name"] or ""))
+
+
+#: A distribution found more than once on sys.path: normalised name -> [(where, version), ...].
+Shadows = dict[str, list[tuple[str, str]]]
+
+
+def _entry_points() -> tuple[list[Any], Shadows]:
+    """Every entry point of the group from every distribution on ``sys.path`` (``md.entry_points``
+    keeps only the first distribution of a name and so hides a second one), and the distributions of
+    the group found more than once."""
+    copies: dict[str, dict[str, Any]] = {}
+    for dist in md.distributions():
+        copies.setdefault(_normalized(dist), {}).setdefault(_where(dist), dist)  # a path listed twice: once
+    found: list[Any] = []
+    shadows: Shadows = {}
+    for name, where in copies.items():
+        eps = [ep for dist in where.values() for ep in dist.entry_points if ep.group == hookspecs.ENTRY_POINT_GROUP]
+        if not eps:
+            continue
+        found += eps
+        if len(where) > 1:
+            shadows[name] = sorted((w, d.version or "?") for w, d in where.items())
+    # Sorted, so that every process and every rank discovers the same plugins in the same order.
+    found.sort(key=lambda ep: (ep.name, ep.value, *_dist(ep), _where(ep.dist) if getattr(ep, "dist", None) else ""))
+    return found, shadows
+
+
+def _shadowed_text(name: str, copies: list[tuple[str, str]]) -> str:
+    where = "; ".join(f"{version} at {path}" for path, version in copies)
+    return (f"distribution {name} is installed {len(copies)} times on sys.path ({where}): which one's code "
+            "would serve depends on path order, so neither is imported or chosen until one is removed "
+            "(pip uninstall, or fix sys.path)")
 
 
 def describe_error(exc: BaseException) -> str:
@@ -205,7 +248,11 @@ def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
     broken: list[BrokenPlugin] = []
     skipped: list[str] = []
     plugins: list[PluginInfo] = []
-    for ep in _entry_points() if entry_points is None else entry_points:
+    if entry_points is None:
+        eps, shadows = _entry_points()
+    else:
+        eps, shadows = list(entry_points), {}
+    for ep in eps:
         dist, version = _dist(ep)
 
         def record(status: str, seconds: float | None, provided: tuple[str, ...] = ()) -> None:
@@ -218,6 +265,9 @@ def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
         if settings.plugins is not None and not any(names_plugin(r, ep.name, dist) for r in settings.plugins):
             skipped.append(ep.name)
             record("skipped", None)
+            continue
+        if dist and normalize_distribution(dist) in shadows:
+            fail("shadowed", _shadowed_text(normalize_distribution(dist), shadows[normalize_distribution(dist)]), None)
             continue
         module = _module_of(ep.value)
         cut = cut_by_fork(module, forbidden)
@@ -270,7 +320,7 @@ def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
 def unknown_names(settings: Settings, found: Discovery) -> list[str]:
     """One message per ``MQA_*`` list entry that names nothing installed (a typo fails open)."""
     installed = ", ".join(f"{s.name} ({s.distribution or '?'})" for s in found.specs) or "none"
-    plugins = ", ".join(f"{p.entry_point} ({p.distribution or '?'})" for p in found.plugins) or "none"
+    plugins = ", ".join(f"{p.distribution or '?'}:{p.entry_point}" for p in found.plugins) or "none"
     dists = {normalize_distribution(p.distribution) for p in found.plugins if p.distribution}
     out = []
     missing = [r for r in settings.preference
@@ -289,5 +339,6 @@ def unknown_names(settings: Settings, found: Discovery) -> list[str]:
                    if not any(names_plugin(r, p.entry_point, p.distribution) for p in found.plugins)]
         if missing:
             out.append(f"MQA_PLUGINS names {', '.join(missing)}, which matches no installed plugin "
-                       f"(entry points: {plugins})")
+                       f"distribution (MQA_PLUGINS takes distribution or distribution:entry_point; "
+                       f"installed: {plugins})")
     return out

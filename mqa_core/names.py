@@ -50,7 +50,12 @@ def names_provider_or_distribution(ref: str, distribution: str, name: str) -> bo
 
 
 def names_plugin(ref: str, entry_point: str, distribution: str) -> bool:
-    """Whether ``ref`` names an entry point: by its entry-point name or its distribution's name."""
-    if ref.lower() == entry_point.lower():
-        return True
-    return bool(distribution) and normalize_distribution(ref) == normalize_distribution(distribution)
+    """Whether ``ref`` (an ``MQA_PLUGINS`` entry) names an entry point: ``distribution`` names every
+    entry point of that distribution, ``distribution:entry_point`` one of them. Never a bare entry-point
+    name: any distribution can declare any entry-point name, only distribution names are unique."""
+    if not distribution:
+        return False
+    dist, sep, name = ref.partition(":")
+    if normalize_distribution(dist) != normalize_distribution(distribution):
+        return False
+    return not sep or name == entry_point

@@ -23,8 +23,8 @@ ENV_VARS = {
     "MQA_PROVIDER": "ordered preference 'a[,dist:b,...]': the first usable one is used, else the call fails; "
                     "'distribution:name' picks one of two providers that claim a name",
     "MQA_DISABLE_PROVIDERS": "'a,dist,dist:b': providers never chosen, by provider name, distribution, or both",
-    "MQA_PLUGINS": "'dist,entry_point': import only these plugins, by distribution or entry-point name "
-                   "(empty: none); nothing else is imported",
+    "MQA_PLUGINS": "'dist[,dist:entry_point...]': import only these plugins, by distribution name (or one "
+                   "entry point of a distribution); empty: none; nothing else is imported",
     "MQA_STRICT_PLUGINS": "1/0, true/false, yes/no, on/off: a broken plugin raises instead of being isolated",
     "MQA_VALIDATE": "'cheap' (default) or 'full': also check what needs a device sync (k_scale > 0, block "
                     "ids, non-finite logits inside the windows)",
@@ -103,7 +103,11 @@ def _block_ref(text: str) -> str | None:
 
 
 def _plugin_ref(text: str) -> str | None:
-    return text if ENTRY_POINT_NAME.fullmatch(text) else None
+    """``dist`` or ``dist:entry_point``, the distribution normalised; None when malformed."""
+    dist, sep, name = text.partition(":")
+    if not DISTRIBUTION_NAME.fullmatch(dist) or (sep and not ENTRY_POINT_NAME.fullmatch(name)):
+        return None
+    return normalize_distribution(dist) + (f":{name}" if sep else "")
 
 
 def parse_list(variable: str, text: str | None, parse: Callable[[str], str | None], what: str) -> tuple[str, ...]:
@@ -130,7 +134,8 @@ class Settings:
     preference: tuple[str, ...] = ()
     #: MQA_DISABLE_PROVIDERS: provider names, distribution names, or ``distribution:name``.
     disabled: frozenset[str] = frozenset()
-    #: MQA_PLUGINS: None: load every plugin; otherwise only these entry-point or distribution names.
+    #: MQA_PLUGINS: None: load every plugin; otherwise only these distributions (normalised), or
+    #: ``distribution:entry_point`` for one entry point of one.
     plugins: frozenset[str] | None = None
     strict: bool = False
     validate_full: bool = False
@@ -148,7 +153,7 @@ class Settings:
             disabled=frozenset(parse_list("MQA_DISABLE_PROVIDERS", env.get("MQA_DISABLE_PROVIDERS"), _block_ref,
                                           "a provider name, a distribution name, or distribution:name")),
             plugins=None if plugins is None else frozenset(
-                parse_list("MQA_PLUGINS", plugins, _plugin_ref, "an entry-point or distribution name")),
+                parse_list("MQA_PLUGINS", plugins, _plugin_ref, "a distribution name or distribution:entry_point")),
             strict=parse_bool("MQA_STRICT_PLUGINS", env.get("MQA_STRICT_PLUGINS")),
             validate_full=parse_choice("MQA_VALIDATE", env.get("MQA_VALIDATE"), VALIDATE_MODES) == "full",
             tuning=env.get("MQA_TUNING", "").strip() or None,

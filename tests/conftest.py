@@ -17,12 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _repo_plugins() -> str:
-    """This repository's provider entry points (providers/*, examples/*), from their pyproject files."""
+    """This repository's provider distributions (providers/*, examples/*), from their pyproject files:
+    MQA_PLUGINS names distributions."""
     names: list[str] = []
     for pyproject in sorted(ROOT.glob("providers/*/pyproject.toml")) + sorted(ROOT.glob("examples/*/pyproject.toml")):
-        group = re.search(r'^\[project\.entry-points\."mqa_core\.providers"\]\n((?:[^\[\n].*\n?)*)',
-                          pyproject.read_text(), re.M)
-        names += re.findall(r"^([\w.-]+)\s*=", group.group(1), re.M) if group else []
+        text = pyproject.read_text()
+        if '[project.entry-points."mqa_core.providers"]' in text:
+            names += re.findall(r'^\[project\]\n(?:.*\n)*?name\s*=\s*"([^"]+)"', text, re.M)[:1]
     return ",".join(names)
 
 
@@ -32,7 +33,7 @@ REPO_PLUGINS = _repo_plugins()
 
 
 def allow_plugins(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
-    """Add entry-point names to the MQA_PLUGINS allow-list the tests run under."""
+    """Add distribution names to the MQA_PLUGINS allow-list the tests run under."""
     current = os.environ.get("MQA_PLUGINS")
     if current is not None:
         monkeypatch.setenv("MQA_PLUGINS", ",".join(filter(None, (current, *names))))
@@ -59,7 +60,7 @@ def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InstallDist
 
     ``install_dist("my-provider", "1.0", {"my_provider/__init__.py": "..."},
     entry_points={"mqa_core.providers": {"my": "my_provider"}})``; the site dir is put on sys.path
-    so importlib.metadata finds it, its provider entry points join MQA_PLUGINS, and the registry is
+    so importlib.metadata finds it, a provider distribution joins MQA_PLUGINS, and the registry is
     reloaded.
     """
     site = tmp_path / "site"
@@ -84,7 +85,8 @@ def install_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InstallDist
                 lines.append(f"[{group}]")
                 lines += [f"{k} = {v}" for k, v in eps.items()]
             (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-            allow_plugins(monkeypatch, *entry_points.get("mqa_core.providers", {}))
+            if entry_points.get("mqa_core.providers"):
+                allow_plugins(monkeypatch, name)
         mqa_core.reload()
         return site
 

@@ -52,7 +52,7 @@ def install_wrong_providers(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path
     (info / "entry_points.txt").write_text("[mqa_core.providers]\nwrong = wrong_providers\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
     if "MQA_PLUGINS" in os.environ:  # the suite's allow-list (conftest.py) must let them load
-        monkeypatch.setenv("MQA_PLUGINS", f"{os.environ['MQA_PLUGINS']},wrong")
+        monkeypatch.setenv("MQA_PLUGINS", f"{os.environ['MQA_PLUGINS']},wrong-providers")
     return site
 
 

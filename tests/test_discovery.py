@@ -66,7 +66,7 @@ def test_strict_mode_raises(three, monkeypatch):
 
 
 def test_allowlist_and_blocklist(three, monkeypatch):
-    monkeypatch.setenv("MQA_PLUGINS", "torch_ref,amd")
+    monkeypatch.setenv("MQA_PLUGINS", "mqa-provider-torch-ref,amd-one")
     mqa_core.reload()
     assert mqa_core.get_provider("sm_90").name == "torch_ref"  # fast not loaded; broken not loaded
     assert registry.state().discovery.broken == ()

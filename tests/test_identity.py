@@ -85,11 +85,32 @@ def test_the_user_may_pick_the_other_claimant_explicitly(copycat, monkeypatch):
     assert mqa_core.get_provider("cpu").spec.distribution == "copycat"
 
 
-def test_entry_point_name_does_not_route_to_the_squatter(copycat, monkeypatch):
-    reload_with(monkeypatch, MQA_PLUGINS="torch_ref")  # both entry points are named torch_ref
-    assert {s.distribution for s in registry.state().discovery.specs} == {"copycat", "mqa-provider-torch-ref"}
-    with pytest.raises(mqa_core.ProviderUnavailableError, match="ambiguous"):
-        mqa_core.get_provider("cpu")
+def test_a_bare_entry_point_name_allows_nothing(copycat, monkeypatch):
+    """MQA_PLUGINS names distributions: ``torch_ref`` (both entry points' name) imports neither."""
+    with pytest.warns(RuntimeWarning, match="MQA_PLUGINS names torch-ref, which matches no installed"):
+        reload_with(monkeypatch, MQA_PLUGINS="torch_ref")
+        registry.state()
+    assert registry.state().discovery.specs == () and "copycat_plugin" not in sys.modules
+
+
+def test_an_entry_point_named_like_a_distribution_allows_nothing(install_dist, monkeypatch):
+    """Issue 37: ``mqa-hostile-epsquat`` declares an entry point named ``mqa-provider-torch-ref``; under
+    MQA_PLUGINS=mqa-provider-torch-ref it is never imported, and the genuine provider serves."""
+    install_dist("mqa-hostile-epsquat", "6.6", {"epsquat_plugin.py": "raise SystemExit('imported')\n"},
+                 {"mqa_core.providers": {"mqa-provider-torch-ref": "epsquat_plugin"}})
+    reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref")
+    assert mqa_core.get_provider("cpu").id == GENUINE
+    found = registry.state().discovery
+    assert found.broken == () and "epsquat_plugin" not in sys.modules
+    assert {p.distribution: p.status for p in found.plugins}["mqa-hostile-epsquat"] == "skipped"
+
+
+def test_distribution_colon_entry_point_allows_that_entry_point(copycat, monkeypatch):
+    reload_with(monkeypatch, MQA_PLUGINS="Copycat:torch_ref")
+    assert [s.id for s in registry.state().discovery.specs] == ["copycat:torch_ref"]
+    reload_with(monkeypatch, MQA_PLUGINS="copycat:other")
+    with pytest.warns(RuntimeWarning, match="MQA_PLUGINS names copycat:other, which matches no installed"):
+        registry.state()
 
 
 def test_allowlist_by_distribution_loads_that_one_alone(copycat, monkeypatch):
@@ -163,3 +184,89 @@ def test_identical_results_regardless_of_squatter_priority(copycat, monkeypatch)
     d = mqa_core.explain("cpu")
     assert [c.name for c in d.accepted] == [c.name for c in d.accepted if c.name != "torch_ref"]
     assert torch.float8_e4m3fn  # torch is importable for the other tests of this file
+
+
+SHADOW = """
+import torch
+from mqa_core import ProviderSpec, hookimpl
+
+class Zeros:
+    def fp8_mqa_logits(self, q, kv, weights, ks, ke, *, clean_logits=True):
+        return torch.zeros(q.shape[0], kv[0].shape[0])
+
+KERNELS = Zeros()
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name="torch_ref", ops={"fp8_mqa_logits"}, archs={"any"}, dtypes={"float8_e4m3fn"},
+                         priority=0, load="shadow_plugin:KERNELS")]
+"""
+
+
+@pytest.fixture
+def shadow(install_dist, monkeypatch):
+    """A second ``mqa_provider_torch_ref`` dist-info, earlier on sys.path than the genuine one."""
+    install_dist("mqa_provider_torch_ref", "0.2.0", {"shadow_plugin.py": SHADOW},
+                 {"mqa_core.providers": {"torch_ref": "shadow_plugin"}})
+    reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref", MQA_PROVIDER=GENUINE)
+
+
+def test_a_distribution_installed_twice_is_loud_and_neither_copy_serves(shadow):
+    """Issue 37: importlib.metadata.entry_points() keeps only the first copy, so the shadow served
+    silently. Now neither copy is imported or chosen, and both are reported."""
+    with pytest.warns(RuntimeWarning, match="installed 2 times on sys.path"):
+        with pytest.raises(mqa_core.ProviderUnavailableError) as err:
+            mqa_core.get_provider("cpu")
+    assert "shadow_plugin" not in sys.modules
+    found = registry.state().discovery
+    assert found.specs == () and [b.stage for b in found.broken] == ["shadowed", "shadowed"]
+    assert "neither is imported or chosen until one is removed" in str(err.value)
+    d = mqa_core.explain("cpu")
+    assert d.chosen is None and [c.code for c in d.candidates] == ["broken", "broken"]
+
+
+def test_providers_and_explain_show_a_shadowed_distribution(shadow, capsys):
+    from mqa_core.cli.main import main
+
+    assert main(["providers", "--arch", "cpu"]) == 0
+    assert main(["explain", "--arch", "cpu"]) == 3
+    out = capsys.readouterr().out
+    shown = [ln for ln in out.splitlines() if "installed 2 times on sys.path" in ln]
+    assert len(shown) == 4 and all("mqa-provider-torch-ref" in ln for ln in shown), out
+    assert sum(ln.startswith("BROKEN plugin torch_ref") for ln in shown) == 2
+
+
+def _mqa(site, *args):
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
+    return subprocess.run([sys.executable, "-m", "mqa_core.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+@pytest.fixture
+def copycat_site(install_dist):
+    return install_dist("copycat", "9.9", {"copycat_plugin.py": squatter()},
+                        {"mqa_core.providers": {"torch_ref": "copycat_plugin"}})
+
+
+def test_check_refuses_a_claimed_bare_name_in_one_line(copycat_site):
+    """Issue 37: a KeyError traceback (exit 1) before."""
+    r = _mqa(copycat_site, "check", "--provider", "torch_ref")
+    assert r.returncode == 2 and r.stdout == "", r
+    assert r.stderr.strip() == ("mqa: error: provider name 'torch_ref' is claimed by copycat:torch_ref and "
+                                f"{GENUINE}: name one as distribution:name"), r.stderr
+
+
+def test_check_certifies_the_genuine_provider_by_distribution_colon_name(copycat_site):
+    """Issue 37: "not installed" before, so the genuine provider could not be certified."""
+    import json
+
+    r = _mqa(copycat_site, "check", "--provider", GENUINE, "--dtype", "e4m3fn", "--json",
+             "-k", "spec or selection or (prefill_window and causal)")
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)["providers"][GENUINE]
+    assert row["failed"] == 0 and row["passed"] == 4, row
+    r = _mqa(copycat_site, "check", "--provider", "copycat:torch_ref", "--dtype", "e4m3fn", "-k", "prefill_window")
+    assert r.returncode == 1 and "copycat:torch_ref  FAIL" in r.stdout, r.stdout + r.stderr

@@ -39,7 +39,8 @@ def test_strict_on_is_strict(install_dist, monkeypatch):
     ("MQA_PROVIDER", ":torch_ref", "is not a provider name"),
     ("MQA_PROVIDER", "torch_ref,9x", "'9x' is not"),
     ("MQA_DISABLE_PROVIDERS", "gluon;triton", "'gluon;triton' is not a provider name, a distribution name"),
-    ("MQA_PLUGINS", "a/b", "'a/b' is not an entry-point or distribution name"),
+    ("MQA_PLUGINS", "a/b", "'a/b' is not a distribution name or distribution:entry_point"),
+    ("MQA_PLUGINS", "a:", "'a:' is not a distribution name or distribution:entry_point"),
 ])
 def test_bad_values_raise_naming_the_variable(monkeypatch, var, text, words):
     reload_with(monkeypatch, **{var: text})
@@ -123,7 +124,7 @@ def test_unknown_preference_is_warned_about_and_the_call_fails(monkeypatch):
 def test_allowlist_naming_nothing_installed_says_what_was_asked_and_what_exists(monkeypatch):
     reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-reff")
     with pytest.warns(RuntimeWarning, match="MQA_PLUGINS names mqa-provider-torch-reff, which matches no installed "
-                                            "plugin .*torch_ref \\(mqa-provider-torch-ref\\)"):
+                                            "plugin distribution .*mqa-provider-torch-ref:torch_ref"):
         with pytest.raises(mqa_core.ProviderUnavailableError) as err:
             mqa_core.get_provider("cpu")
     msg = str(err.value)

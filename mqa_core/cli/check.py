@@ -30,7 +30,8 @@ def add_parser(sub: Any) -> None:
                                    "provider fails a case, 2 for a provider that is not installed, 3 for "
                                    "one that cannot serve the device.")
     p.add_argument("--provider", action="append", default=[], metavar="NAME",
-                   help="provider to check (repeatable; default: every provider usable on the device)")
+                   help="provider to check, by name or distribution:name (repeatable; default: every provider "
+                        "usable on the device)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--seed", "--mqa-seed", dest="seed", type=int, default=None,
                    help="base seed (default: fresh, printed); failures name it as --mqa-seed, also accepted here")
@@ -180,10 +181,11 @@ def render(data: dict[str, Any]) -> str:
 def unusable(names: list[str], arch: str) -> list[str]:
     """One line per named provider that cannot serve any op it declares on ``arch``: its decision row.
 
-    Raises UserError (exit 2) for a name that is not installed.
+    Raises UserError (exit 2) for a name that is not installed, ValueError (exit 2) for a bare name two
+    distributions claim. A name is judged as the kit runs it: under ``MQA_PROVIDER=name``, which also
+    picks one claimant of a name by ``distribution:name``.
     """
-    from .. import api
-    from ..testing.providers import installed_names, spec_named
+    from ..testing.providers import explain_with, installed_names, spec_named
 
     lines = []
     for name in names:
@@ -191,7 +193,7 @@ def unusable(names: list[str], arch: str) -> list[str]:
         if spec is None:
             raise UserError(f"provider {name!r} is not installed; installed: {', '.join(installed_names()) or 'none'} "
                             "(`mqa providers` lists them)")
-        rows = [api.explain(arch, op=op).candidate(name) for op in sorted(spec.ops)]
+        rows = [explain_with(arch, op=op, MQA_PROVIDER=name).candidate(name) for op in sorted(spec.ops)]
         if not any(c.accepted or c.code == "preference" for c in rows):
             c = rows[0]
             lines.append(f"provider {name} ({c.origin}, priority {c.priority}) cannot serve {arch}: "

@@ -22,6 +22,7 @@ import torch
 from .. import validate
 from ..arch import KNOWN_ARCHS, normalize_arch
 from ..errors import ProviderUnavailableError
+from ..names import names_provider
 from ..provider import Provider, load_object
 from ..spec import Problem, ProviderSpec
 from . import large, runner
@@ -70,7 +71,10 @@ def _pairs_to_run(config: pytest.Config, name: str) -> list[Pair]:
     chosen = config.stash.get(DTYPE_PAIR, None)
     if chosen is not None:
         return [chosen]
-    spec = named.spec_named(name)
+    try:
+        spec = named.spec_named(name)
+    except ValueError:  # ambiguous: each case then says so (_spec_or_fail)
+        spec = None
     return declared_pairs(spec, kit_arch(config)) if spec is not None else [("float8_e4m3fn", "float8_e4m3fn")]
 
 
@@ -161,7 +165,10 @@ class Kit:
 
 
 def _spec_or_fail(provider_name: str) -> ProviderSpec:
-    spec = named.spec_named(provider_name)
+    try:
+        spec = named.spec_named(provider_name)
+    except ValueError as exc:  # a bare name two distributions claim
+        pytest.fail(str(exc), pytrace=False)
     if spec is None:
         from .. import registry
 
@@ -260,10 +267,14 @@ def test_selection(provider_name: str, provider_spec: ProviderSpec, request: pyt
     arch = kit_arch(request.config)
     op = PREFILL if PREFILL in provider_spec.ops else PAGED
     chosen = named.explain_with(arch, op=op, MQA_PROVIDER=provider_name)
-    assert chosen.chosen == provider_name, f"[{provider_name}] is not selectable on {arch}:\n{chosen}"
+    row = chosen.chosen_candidate
+    assert row is not None and names_provider(provider_name, row.distribution, row.name), \
+        f"[{provider_name}] is not selectable on {arch}:\n{chosen}"
     blocked = ",".join(filter(None, (os.environ.get("MQA_DISABLE_PROVIDERS", ""), provider_name)))
     d = named.explain_with(arch, op=op, MQA_DISABLE_PROVIDERS=blocked)
-    assert d.candidate(provider_name).code == "blocked" and d.chosen != provider_name, \
+    row = d.chosen_candidate
+    assert d.candidate(provider_name).code == "blocked" and (
+        row is None or not names_provider(provider_name, row.distribution, row.name)), \
         f"[{provider_name}] MQA_DISABLE_PROVIDERS={blocked} does not block it:\n{d}"
 
 

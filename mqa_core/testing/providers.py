@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from .. import api, registry
 from ..decision import Decision
+from ..names import names_provider
 from ..provider import Provider
 from ..spec import OPS, Problem, ProviderSpec
 
@@ -56,11 +57,15 @@ def explain_with(arch: str, *, op: str = "fp8_mqa_logits", problem: Problem | No
         return api.explain(arch, op=op, problem=problem)
 
 
-def spec_named(name: str) -> ProviderSpec | None:
-    for spec in registry.state().discovery.specs:
-        if spec.name == name:
-            return spec
-    return None
+def spec_named(ref: str) -> ProviderSpec | None:
+    """The installed provider ``ref`` names (``name`` or ``distribution:name``, as ``MQA_PROVIDER``
+    takes them); None when none does. A bare name two distributions claim raises ValueError naming
+    both (pass ``distribution:name``)."""
+    found = [s for s in registry.state().discovery.specs if names_provider(ref, s.distribution, s.name)]
+    if len(found) > 1:
+        raise ValueError(f"provider name {ref!r} is claimed by {' and '.join(s.id for s in found)}: name one "
+                         "as distribution:name")
+    return found[0] if found else None
 
 
 def installed_names() -> list[str]:
