@@ -36,7 +36,7 @@ from . import hookspecs
 from .errors import PluginError
 from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution, provider_id
 from .settings import Settings
-from .spec import ProviderSpec
+from .spec import ProviderSpec, plain_spec
 
 log = logging.getLogger("mqa_core")
 
@@ -192,7 +192,12 @@ def _collect(pm: pluggy.PluginManager, plugin: Any, ep: Any, dist: str, version:
             if type(spec) is not ProviderSpec:
                 raise _Failed("spec", f"returned {type(spec).__name__}, not a ProviderSpec; "
                                       "a plugin is used whole or not at all")
-            specs.append(spec)
+            try:  # builtins of exactly the declared types, before anything hashes or compares them
+                specs.append(plain_spec(spec))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                raise _Failed("spec", describe_error(exc)) from None
     names = [s.name for s in specs]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

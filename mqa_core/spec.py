@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, fields
 from typing import Any
 
 from .arch import ANY_ARCH, normalize_arch
@@ -307,3 +307,94 @@ class ProviderSpec:
         table: Mapping[str, frozenset[Pair]] = self.dtype_pairs  # type: ignore[assignment]
         got = table.get(arch)
         return got if got is not None else table.get(ANY_ARCH, frozenset())
+
+
+# -- plain copies (discovery) ----------------------------------------------------------------------
+# A plugin's spec may hold objects of its own types: a str subclass whose __hash__ raises or whose
+# __eq__ says yes to every name, an int subclass whose __neg__ raises, a spec built without
+# __post_init__. Discovery copies every field into builtins of exactly the declared type before
+# anything hashes, sorts or compares it, through the slots of the builtin types themselves (which a
+# subclass cannot override), and refuses what cannot be copied as that plugin's failure.
+
+
+def _plain_str(v: Any, what: str) -> str:
+    if type(v) is str:
+        return v
+    if isinstance(v, str):
+        return str.__str__(v)  # str's own slot: an exact copy of the characters, whatever v overrides
+    raise TypeError(f"{what} must be a str, got {type(v).__name__}")
+
+
+def _plain_int(v: Any, what: str) -> int:
+    if type(v) is int:
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return int.__int__(v)
+    raise TypeError(f"{what} must be an int, got {type(v).__name__}")
+
+
+def _plain_str_set(v: Any, what: str) -> frozenset[str]:
+    if not isinstance(v, frozenset):  # what __post_init__ stores
+        raise TypeError(f"{what} must be a frozenset of str, got {type(v).__name__}")
+    return frozenset(_plain_str(x, f"an item of {what}") for x in frozenset.__iter__(v))
+
+
+def _plain_pairs(v: Any, what: str) -> dict[str, frozenset[Pair]] | None:
+    if v is None:
+        return None
+    if type(v) is not PairsByArch:
+        raise TypeError(f"{what} must be a PairsByArch (as ProviderSpec stores it), got {type(v).__name__}")
+    table = object.__getattribute__(v, "_table")
+    if type(table) is not dict:
+        raise TypeError(f"{what} holds a {type(table).__name__}, not a dict")
+    out: dict[str, frozenset[Pair]] = {}
+    for arch, pairs in dict.items(table):
+        got = set()
+        for p in _plain_tuples(pairs, what):
+            q, k = p
+            got.add((_plain_str(q, f"a dtype in {what}"), _plain_str(k, f"a dtype in {what}")))
+        out[_plain_str(arch, f"an arch in {what}")] = frozenset(got)
+    return out
+
+
+def _plain_tuples(pairs: Any, what: str) -> list[tuple[Any, ...]]:
+    if not isinstance(pairs, frozenset):
+        raise TypeError(f"{what} holds a {type(pairs).__name__}, not a frozenset of pairs")
+    out = []
+    for p in frozenset.__iter__(pairs):
+        if not isinstance(p, tuple) or tuple.__len__(p) != 2:
+            raise TypeError(f"{what} holds {type(p).__name__}, not a (q_dtype, k_dtype) pair")
+        out.append(tuple(tuple.__iter__(p)))
+    return out
+
+
+def _plain_callable(v: Any, what: str) -> Any:
+    return v  # plugin code, called only inside the isolation of mqa_core.select._ask
+
+
+#: How each field's declared type is copied into builtins; a new field needs its type here (a test
+#: checks every field has one).
+PLAIN: dict[str, Callable[[Any, str], Any]] = {
+    "str": _plain_str,
+    "int": _plain_int,
+    "frozenset[str]": _plain_str_set,
+    "PairsDeclaration | None": _plain_pairs,
+    "RuntimeCheck | None": _plain_callable,
+    "ShapeLimits | None": _plain_callable,
+}
+
+
+def plain_spec(spec: ProviderSpec) -> ProviderSpec:
+    """A copy of ``spec`` whose every field is a builtin of exactly its declared type (validated
+    again by ``__post_init__``); TypeError or ValueError, naming the field, for what cannot be copied."""
+    if type(spec) is not ProviderSpec:
+        raise TypeError(f"expected a ProviderSpec, got {type(spec).__name__}")
+    values = {}
+    for f in fields(ProviderSpec):
+        copy = PLAIN[str(f.type)]
+        try:
+            value = object.__getattribute__(spec, f.name)
+        except AttributeError:
+            raise TypeError(f"ProviderSpec.{f.name} is missing (a spec built without its constructor)") from None
+        values[f.name] = copy(value, f"ProviderSpec.{f.name}")
+    return ProviderSpec(**values)

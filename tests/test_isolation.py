@@ -187,3 +187,76 @@ def test_fast_imports_are_not_warned_about(caplog, recwarn):
     infos = registry.state().discovery.plugins
     assert infos and all(p.import_seconds is not None and p.import_seconds < 1 for p in infos)
     assert not [w for w in recwarn if "took" in str(w.message)]
+
+
+# -- hostile spec fields (issue 37): copied into builtins at discovery, or the plugin's failure ----
+
+HOSTILE_TYPES = """
+class Hashy(str):  # takes every call down wherever it is hashed
+    def __hash__(self):
+        raise SystemExit("hashed")
+    def __eq__(self, other):
+        return str.__eq__(self, other)
+
+class Everyone(str):  # equal to every name: would capture MQA_PROVIDER=torch_ref
+    def __eq__(self, other):
+        return True
+    def __hash__(self):
+        return str.__hash__(self)
+
+class Negless(int):  # the sort key negates the priority
+    def __neg__(self):
+        raise SystemExit("negated")
+"""
+
+SPEC = ("ProviderSpec(name={name}, ops={{'fp8_mqa_logits'}}, archs={{'cpu'}}, dtypes={{'float8_e4m3fn'}}, "
+        "priority={priority}, load='shady_plugin:KERNELS')")
+
+
+@pytest.mark.parametrize("name, priority", [("Hashy('shady')", "500"), ("'shady'", "Negless(500)"),
+                                            ("Everyone('shady')", "500")],
+                         ids=["str whose hash exits", "int whose negation exits", "str equal to every name"])
+def test_hostile_field_types_are_copied_to_builtins(install_dist, monkeypatch, name, priority):
+    install(install_dist, module(top=HOSTILE_TYPES, hook_body="return [" + SPEC.format(name=name, priority=priority)
+                                 + "]"))
+    p = mqa_core.get_provider("cpu")
+    assert p.name == "shady" and type(p.spec.name) is str and type(p.spec.priority) is int
+    assert all(type(x) is str for x in (*p.spec.ops, *p.spec.archs, *p.spec.dtypes))
+    out = mqa_core.fp8_mqa_logits(*make_inputs(PROBLEM, seed=1).args())
+    assert out.shape == (4, 20)
+    monkeypatch.setenv("MQA_PROVIDER", "torch_ref")  # the name is only its own
+    mqa_core.reload()
+    assert mqa_core.get_provider("cpu").id == "mqa-provider-torch-ref:torch_ref"
+
+
+def test_hostile_set_items_are_copied_too(install_dist):
+    body = ("spec = " + SPEC.format(name="'shady'", priority="500") + "\n"
+            "object.__setattr__(spec, 'archs', frozenset({Everyone('cpu')}))\n"
+            "return [spec]")
+    install(install_dist, module(top=HOSTILE_TYPES, hook_body=body))
+    assert mqa_core.get_provider("cpu").name == "shady"
+    assert mqa_core.explain("sm_90").candidate("shady").code == "arch"  # Everyone('cpu') is only 'cpu' now
+
+
+@pytest.mark.parametrize("body, words", [
+    ("return [object.__new__(ProviderSpec)]", "ProviderSpec.name is missing"),
+    ("spec = " + SPEC.format(name="'shady'", priority="500") + "\nobject.__setattr__(spec, 'priority', 2.5)\n"
+     "return [spec]", "ProviderSpec.priority must be an int, got float"),
+    ("spec = " + SPEC.format(name="'shady'", priority="500") + "\nobject.__setattr__(spec, 'ops', ['x'])\n"
+     "return [spec]", "ProviderSpec.ops must be a frozenset of str, got list"),
+    ("spec = " + SPEC.format(name="'shady'", priority="500") + "\nobject.__setattr__(spec, 'dtype_pairs', {})\n"
+     "return [spec]", "ProviderSpec.dtype_pairs must be a PairsByArch"),
+], ids=["no constructor", "float priority", "list of ops", "dict of pairs"])
+def test_fields_that_cannot_be_copied_are_the_plugins_failure(install_dist, body, words):
+    install(install_dist, module(top=HOSTILE_TYPES, hook_body=body))
+    served_by_torch_ref_and("broken", words)
+    (b,) = registry.state().discovery.broken
+    assert b.stage == "spec"
+
+
+def test_every_spec_field_has_a_plain_copy():
+    import dataclasses
+
+    from mqa_core.spec import PLAIN
+
+    assert {str(f.type) for f in dataclasses.fields(mqa_core.ProviderSpec)} <= set(PLAIN)
