@@ -41,7 +41,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import platform
+import re
+import stat
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -414,16 +417,62 @@ class TuningTable:
             f.write("\n")
 
 
-def load_tuning(path: str) -> TuningTable:
-    """Read a table written by ``mqa tune``; raises ValueError naming the file and what is wrong."""
+#: The largest table read (bytes): a table is a few KiB per arch; ``/dev/zero`` must not fill memory.
+MAX_TABLE_BYTES = 16 * 2**20
+#: The deepest nesting of arrays and objects read (a table nests four deep): deeper JSON is refused
+#: before the parser recurses.
+MAX_TABLE_DEPTH = 32
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _read_table_text(path: str) -> str:
+    """The file's text: a regular file (a FIFO or a device is refused without blocking on it) of at
+    most :data:`MAX_TABLE_BYTES`, UTF-8. OSError or ValueError saying what is wrong."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_TABLE_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than a table's limit of {MAX_TABLE_BYTES}")
+        chunks, size = [], 0
+        while size <= MAX_TABLE_BYTES:
+            chunk = os.read(fd, MAX_TABLE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_TABLE_BYTES:
+            raise ValueError(f"more than a table's limit of {MAX_TABLE_BYTES} bytes")
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
+
+
+def _json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON ``text`` (strings skipped), without recursing."""
+    depth = deepest = 0
+    for bracket in _JSON_BRACKETS.findall(_JSON_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def load_tuning(path: str) -> TuningTable:
+    """Read a table written by ``mqa tune``; raises ValueError naming the file and what is wrong:
+    also for what is not a regular file, a file over :data:`MAX_TABLE_BYTES`, and JSON nested deeper
+    than :data:`MAX_TABLE_DEPTH`."""
+    try:
+        text = _read_table_text(path)
+        if _json_depth(text) > MAX_TABLE_DEPTH:
+            raise ValueError(f"JSON nested deeper than {MAX_TABLE_DEPTH} levels")
+        data = json.loads(text)
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:
         raise ValueError(f"cannot read tuning table {path}: {exc}") from None
     try:
         return TuningTable.from_dict(data, path)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ValueError(f"invalid tuning table {path}: {what}") from None
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -16,6 +19,7 @@ from mqa_core.settings import Settings
 from mqa_core.testing.providers import environment
 from mqa_core.tuning import (
     DEFAULT_MARGIN,
+    MAX_TABLE_BYTES,
     SCHEMA,
     Bucket,
     Entry,
@@ -447,3 +451,47 @@ def test_the_hot_path_lookup_is_one_dict_get(tmp_path, monkeypatch):
     object.__setattr__(table, "_index", Spy(table._index))
     assert table.lookup("fp8_mqa_logits", Problem(300, 1500, 32, 128)).ranking[0] == "example_chunked"
     assert calls == [("fp8_mqa_logits", 32, 128, 18, 22, 0)]  # cells [256, 384) and [1024, 1536)
+
+
+# -- pathological files (issue 37): each a SettingsError, exit 2 from the CLI, never a hang ---------
+
+def _mqa_providers_with_tuning(path: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MQA_TUNING": path}
+    return subprocess.run([sys.executable, "-m", "mqa_core.cli.main", "providers", "--arch", "cpu"],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def _fifo(tmp_path):
+    path = tmp_path / "fifo.json"
+    os.mkfifo(path)
+    return str(path)
+
+
+def _deep(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    return str(path)
+
+
+def _huge(tmp_path):
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_TABLE_BYTES + 1)  # sparse: no disk used
+    return str(path)
+
+
+@pytest.mark.parametrize("make, says", [
+    (_deep, "JSON nested deeper than 32 levels"),
+    (lambda tmp_path: "/dev/zero", "not a regular file"),
+    (_fifo, "not a regular file"),
+    (lambda tmp_path: str(tmp_path), "not a regular file"),
+    (_huge, f"more than a table's limit of {MAX_TABLE_BYTES}"),
+], ids=["deep JSON", "/dev/zero", "FIFO", "directory", "over the size cap"])
+def test_pathological_tables_are_a_settings_error(tmp_path, make, says):
+    path = make(tmp_path)
+    with environment(MQA_TUNING=path):
+        with pytest.raises(mqa_core.SettingsError, match=f"MQA_TUNING={path}: cannot read tuning table .*{says}"):
+            mqa_core.get_provider("cpu")
+    r = _mqa_providers_with_tuning(path)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r
+    assert r.stderr.startswith(f"mqa: error: MQA_TUNING={path}: cannot read tuning table") and says in r.stderr
