@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .discovery import describe_error
 from .errors import ProviderResultError
 from .memo import MQA, OP_BY_NAME, PAGED, CallTable, Op, Signature, output_check, remember
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger("mqa_core")
 
 #: A kernel object's call prepared for one call signature: the op's five tensor arguments -> logits
 #: ((q, kv, weights, ks, ke) for prefill, (q, kv_cache, weights, context_lens, block_tables) for paged).
@@ -157,8 +161,10 @@ class Provider:
             return None
         try:
             prepared = prepare(*args[:op.positional], clean_logits=clean_logits, **_hints(self._takes[name], args))
-        except (Exception, SystemExit) as exc:  # optional: a failure costs the shortcut, not the call
-            self._no_shortcut(op, f"{name} raised {type(exc).__name__}: {exc}")
+        except KeyboardInterrupt:  # the user's
+            raise
+        except BaseException as exc:  # optional: any failure (GeneratorExit, SystemExit...) costs the shortcut
+            self._no_shortcut(op, f"{name} raised {describe_error(exc)}")
             return None
         if prepared is not None and not callable(prepared):
             self._no_shortcut(op, f"{name} returned {type(prepared).__name__}, not a callable or None")
@@ -166,8 +172,14 @@ class Provider:
         return prepared
 
     def _no_shortcut(self, op: Op, what: str) -> None:
-        warnings.warn(f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): {what}; its "
-                      f"calls take {op.name}", RuntimeWarning, stacklevel=3)
+        """Warn that the shortcut is off; never raises (with warnings as errors it is logged instead),
+        since the call it is about has a result to return."""
+        text = (f"provider {self.name} ({self.spec.distribution}=={self.spec.version}): {what}; its calls take "
+                f"{op.name}")
+        try:
+            warnings.warn(text, RuntimeWarning, stacklevel=3)
+        except Exception:
+            log.warning("mqa_core: %s", text)
 
     def run(self, op: Op, problem: Problem, args: tuple[Any, ...], clean_logits: bool,
             prepared: PreparedCall | None = None,

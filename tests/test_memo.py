@@ -6,6 +6,8 @@ next_n and block_size, and tuning and shape limits use them."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -416,27 +418,49 @@ def test_later_results_of_a_signature_are_held_to_the_contract(monkeypatch, op, 
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
-@pytest.mark.parametrize("broken", ["raises", "exits", "not callable"])
-def test_a_broken_prepare_costs_the_shortcut_not_the_call(monkeypatch, broken, op):
-    """prepare_<op> is optional: when it raises (SystemExit too) or hands back something that cannot
-    be called, the call still returns the kernel's result, a warning names the provider, and later
-    calls of the signature take the op's method."""
+@pytest.mark.parametrize("errors", [False, True], ids=["warnings", "warnings as errors"])
+@pytest.mark.parametrize("broken", ["raises", "exits", "not callable", "GeneratorExit", "BaseException",
+                                    "str() raises"])
+def test_a_broken_prepare_costs_the_shortcut_not_the_call(monkeypatch, broken, op, errors):
+    """prepare_<op> is optional: when it raises anything short of KeyboardInterrupt (SystemExit,
+    GeneratorExit, a BaseException of its own, an exception whose str() raises) or hands back
+    something that cannot be called, the call still returns the kernel's result, a warning names the
+    provider (which cannot itself raise, even with warnings as errors), and later calls of the
+    signature take the op's method."""
     p = mqa_core.get_provider("cpu", op=op)
     kernel = Preparing(p.impl)
+
+    class Own(BaseException):
+        pass
+
+    class Unprintable(Exception):
+        def __str__(self):
+            raise SystemExit("str")
 
     def prepare(*a, **k):
         if broken == "raises":
             raise RuntimeError("no launch bound")
         if broken == "exits":
             raise SystemExit(3)
+        if broken == "GeneratorExit":
+            raise GeneratorExit()
+        if broken == "BaseException":
+            raise Own("own")
+        if broken == "str() raises":
+            raise Unprintable()
         return 42
 
     monkeypatch.setattr(kernel, f"prepare_{op}", prepare)
     monkeypatch.setattr(p, "impl", kernel)
     inp = op_inputs(op, 2, seed=5)
     expected = getattr(kernel.inner, op)(*inp.args(), clean_logits=True)
-    with pytest.warns(RuntimeWarning, match=rf"provider torch_ref .*prepare_{op}"):
-        first = getattr(p, op)(*inp.args())
+    if errors:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            first = getattr(p, op)(*inp.args())
+    else:
+        with pytest.warns(RuntimeWarning, match=rf"provider torch_ref .*prepare_{op}"):
+            first = getattr(p, op)(*inp.args())
     assert torch.equal(first, expected)
     table = p._passed_mqa if op == "fp8_mqa_logits" else p._passed_paged
     assert list(table.values())[0][2] is None
