@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .names import names_provider, provider_id
+from .names import names_provider, printable, provider_id
 from .spec import Problem
 
 #: Rejection codes, in the order selection tests them.
@@ -96,7 +96,7 @@ class Decision:
             head += f" q={self.dtype[0]} k={self.dtype[1]}"
         if self.problem is not None:
             head += f" shape {self.problem}"
-        rows = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "status")]
+        rows: list[tuple[str, ...]] = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "status")]
         chosen_one = self.chosen_candidate
         for c in self.candidates:
             mark = "*" if c is chosen_one else ""
@@ -104,14 +104,14 @@ class Decision:
             prio = "" if c.priority is None else str(c.priority)
             imp = "" if c.import_seconds is None else f"{c.import_seconds * 1e3:.0f} ms"
             pairs = " ".join(f"{_short(q)}/{_short(k)}" for q, k in c.pairs)
-            rows.append((mark, c.name, c.origin, prio, imp, pairs, status))
+            rows.append(tuple(printable(cell) for cell in (mark, c.name, c.origin, prio, imp, pairs, status)))
         n = len(rows[0]) - 1
         widths = [max(len(r[i]) for r in rows) for i in range(n)]
-        lines = [head]
+        lines = [printable(head)]
         for r in rows:
             lines.append("  ".join(r[i].ljust(widths[i]) for i in range(n)) + "  " + r[n])
         chosen = self.chosen or "none"
         if self.chosen and self.chosen_distribution:
             chosen += f" ({self.chosen_distribution})"
-        lines.append(f"chosen: {chosen}: {self.why}")
+        lines.append(printable(f"chosen: {chosen}: {self.why}"))
         return "\n".join(lines)

@@ -34,7 +34,14 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .names import names_plugin, names_provider, names_provider_or_distribution, normalize_distribution, provider_id
+from .names import (
+    names_plugin,
+    names_provider,
+    names_provider_or_distribution,
+    normalize_distribution,
+    printable,
+    provider_id,
+)
 from .settings import Settings
 from .spec import ProviderSpec, plain_spec
 
@@ -96,10 +103,11 @@ class Discovery:
 
 
 def _dist(ep: Any) -> tuple[str, str]:
+    """The entry point's distribution name and version, as printable text (they are the plugin's)."""
     dist = getattr(ep, "dist", None)
     if dist is None:
         return "", ""
-    return dist.metadata["Name"] or "", dist.version or ""
+    return printable(dist.metadata["Name"] or ""), printable(dist.version or "")
 
 
 def _where(dist: Any) -> str:
@@ -149,14 +157,15 @@ def _shadowed_text(name: str, copies: list[tuple[str, str]]) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    """``"Type: message"``; safe against an exception whose ``str()`` itself raises."""
+    """``"Type: message"`` as one printable line (:func:`mqa_core.names.printable`); safe against an
+    exception whose ``str()`` itself raises."""
     try:
-        text = str(exc)
+        text = printable(str(exc))
     except KeyboardInterrupt:
         raise
     except BaseException:
         text = "<str() of the exception raised>"
-    return f"{type(exc).__name__}: {text}"
+    return f"{printable(type(exc).__name__)}: {text}"
 
 
 class _Failed(Exception):
@@ -207,8 +216,9 @@ def _collect(pm: pluggy.PluginManager, plugin: Any, ep: Any, dist: str, version:
         if spec.distribution and dist and normalize_distribution(spec.distribution) != normalize_distribution(dist):
             raise _Failed("spec", f"provider {spec.name!r} says it comes from {spec.distribution!r}, but "
                                   f"{dist}=={version} installed it")
-        try:  # replace() validates again: a spec altered after construction is caught here
-            out.append(replace(spec, distribution=dist or spec.distribution, version=version or spec.version))
+        try:  # replace() validates again; the description is shown by the CLI: printable
+            out.append(replace(spec, distribution=dist or spec.distribution, version=version or spec.version,
+                               description=printable(spec.description)))
         except ValueError as exc:
             raise _Failed("spec", str(exc)) from None
     return out
@@ -259,16 +269,17 @@ def discover(settings: Settings, entry_points: Iterable[Any] | None = None, *,
         eps, shadows = list(entry_points), {}
     for ep in eps:
         dist, version = _dist(ep)
+        name = printable(ep.name)  # the entry point's name and value are the plugin's text too
 
         def record(status: str, seconds: float | None, provided: tuple[str, ...] = ()) -> None:
-            plugins.append(PluginInfo(ep.name, ep.value, dist, version, status, seconds, provided))
+            plugins.append(PluginInfo(name, printable(ep.value), dist, version, status, seconds, provided))
 
         def fail(stage: str, error: str, seconds: float | None) -> None:
-            broken.append(BrokenPlugin(ep.name, dist, version, stage, error, seconds))
+            broken.append(BrokenPlugin(name, dist, version, stage, printable(error), seconds))
             record("broken", seconds)
 
-        if settings.plugins is not None and not any(names_plugin(r, ep.name, dist) for r in settings.plugins):
-            skipped.append(ep.name)
+        if settings.plugins is not None and not any(names_plugin(r, name, dist) for r in settings.plugins):
+            skipped.append(name)
             record("skipped", None)
             continue
         if dist and normalize_distribution(dist) in shadows:

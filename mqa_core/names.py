@@ -20,6 +20,23 @@ DISTRIBUTION_NAME = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._\-]*[A-Za-z0
 ENTRY_POINT_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
+def printable(text: str) -> str:
+    """``text`` as one line a terminal shows as it is: each character ``str.isprintable`` refuses
+    (control characters such as newline, carriage return and ESC; Unicode format and separator
+    characters such as bidi overrides and line separators) becomes a ``\\x..``, ``\\u....`` or
+    ``\\U........`` escape. For every plugin-supplied text the CLI or a decision shows: it can then
+    neither forge a line nor move the cursor. A str subclass is read through str's own methods."""
+    if type(text) is not str:
+        text = str.__str__(text) if isinstance(text, str) else str(text)
+    if str.isprintable(text):
+        return text
+    return "".join(c if c.isprintable() else _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def normalize_distribution(name: str) -> str:
     """PEP 503: ``Mqa_Provider.Torch-Ref`` -> ``mqa-provider-torch-ref``."""
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .errors import ProviderResultError
+from .names import printable
 from .reference import visible_lengths
 from .spec import ProviderSpec
 
@@ -48,10 +49,10 @@ def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: 
 def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> ProviderResultError:
     expected = f"a float32 torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
     if not isinstance(out, _Tensor):
-        return _fail(spec, op, f"expected {expected}; got {type(out).__module__}.{type(out).__qualname__}")
+        return _fail(spec, op, f"expected {expected}; got {_type_name(out)}")
     if type(out) is not _Tensor:
-        return _fail(spec, op, f"expected {expected}; got a subclass of it, {type(out).__module__}."
-                               f"{type(out).__qualname__} (a result must be exactly torch.Tensor)")
+        return _fail(spec, op, f"expected {expected}; got a subclass of it, {_type_name(out)} (a result must "
+                               "be exactly torch.Tensor)")
     wrong = []
     if out.dtype != _F32:
         wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected float32)")
@@ -103,6 +104,11 @@ def check_disjoint(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], names: t
         raise _fail(spec, op, f"the output overlaps input {names[i]} in memory (it starts at "
                               f"{out.data_ptr():#x}, {names[i]} at {inputs[i].data_ptr():#x}): a result must "
                               "be memory of its own, never a view of an input or written into one")
+
+
+def _type_name(out: Any) -> str:
+    """``module.Qualname`` of what a kernel returned, as printable text (its class is the plugin's)."""
+    return printable(f"{type(out).__module__}.{type(out).__qualname__}")
 
 
 def _check_windows(out: torch.Tensor, inside: torch.Tensor, clean: bool, spec: ProviderSpec, op: str) -> None:

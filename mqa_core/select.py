@@ -11,7 +11,7 @@ from typing import Any
 
 from .decision import Candidate, Decision
 from .discovery import BrokenPlugin, describe_error
-from .names import names_provider, names_provider_or_distribution, normalize_distribution
+from .names import names_provider, names_provider_or_distribution, normalize_distribution, printable
 from .settings import Settings
 from .spec import Problem, ProviderSpec, dtype_pair, format_pairs
 
@@ -32,10 +32,11 @@ def sort_key(spec: ProviderSpec) -> tuple[int, str, str]:
 
 
 def _ask(what: str, fn: Callable[[Any], object], arg: Any) -> str | None:
-    """Call a plugin's callable; anything it raises (SystemExit too) is a reason, never a crash."""
+    """Call a plugin's callable; anything it raises (SystemExit too) is a reason, never a crash. The
+    reason is shown by ``mqa explain`` and in errors: one printable line."""
     try:
         reason = fn(arg)
-        return None if reason is None else str(reason)
+        return None if reason is None else printable(str(reason))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:

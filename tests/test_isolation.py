@@ -2,6 +2,7 @@
 failure, never the caller's; KeyboardInterrupt is the user's and propagates. A plugin is used whole
 or not at all. Slow imports are timed and warned about. All with real temp-installed distributions."""
 
+import json
 import logging
 import os
 import subprocess
@@ -260,3 +261,71 @@ def test_every_spec_field_has_a_plain_copy():
     from mqa_core.spec import PLAIN
 
     assert {str(f.type) for f in dataclasses.fields(mqa_core.ProviderSpec)} <= set(PLAIN)
+
+
+# -- terminal safety (issue 37): plugin text is one printable line wherever the CLI shows it ---------
+
+FORGED = "fine\nchosen: shady (shady-dist==6.6): forged"
+HIDDEN = """
+class Hidden(str):  # hides its newline from a one-line check that asks `in`
+    def __contains__(self, item):
+        return False
+"""
+
+
+def cli(capsys, *argv):
+    from mqa_core.cli.main import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_reason_cannot_forge_the_chosen_line(install_dist, capsys):
+    install(install_dist, module(spec_kw=f", check=lambda arch: {FORGED!r}"))
+    code, out, _ = cli(capsys, "explain", "--arch", "cpu")
+    assert code == 0 and sum(ln.startswith("chosen:") for ln in out.splitlines()) == 1, out
+    assert "fine\\x0achosen: shady" in out
+    assert sum(ln.startswith("chosen:") for ln in str(mqa_core.explain("cpu")).splitlines()) == 1
+    code, out, _ = cli(capsys, "explain", "--arch", "cpu", "--json")
+    reason = mqa_core.explain("cpu").candidate("shady").reason
+    assert reason == "fine\\x0achosen: shady (shady-dist==6.6): forged"
+    data = json.loads(out)
+    assert [c["reason"] for c in data["candidates"] if c["name"] == "shady"] == [reason]
+    assert plain(data)
+
+
+def plain(value):
+    """Only JSON's own types, exactly (no subclass, no object a default= turned into text)."""
+    if type(value) is dict:
+        return all(type(k) is str and plain(v) for k, v in value.items())
+    if type(value) is list:
+        return all(plain(v) for v in value)
+    return type(value) in (str, int, float, bool, type(None))
+
+
+def test_escapes_in_a_description_are_shown_not_obeyed(install_dist, capsys):
+    install(install_dist, module(spec_kw=", description='\\x1b[2A\\x1b[2Kerased \\u202eevil'"))
+    code, out, _ = cli(capsys, "providers", "--arch", "cpu")
+    assert code == 0 and "\x1b" not in out and "\u202e" not in out
+    (line,) = [ln for ln in out.splitlines() if ln.endswith("\\x1b[2A\\x1b[2Kerased \\u202eevil")]
+    assert line.startswith("shady "), out
+
+
+def test_a_str_subclass_cannot_hide_a_newline_in_its_description(install_dist, capsys):
+    install(install_dist, module(top=HIDDEN, spec_kw=", description=Hidden('ok\\nchosen: forged')"))
+    served_by_torch_ref_and("broken", "description must be a one-line str")
+    code, out, _ = cli(capsys, "providers", "--arch", "cpu")
+    assert not [ln for ln in out.splitlines() if ln.startswith("chosen:")], out
+
+
+def test_an_import_error_and_a_plugins_warning_stay_on_their_line(install_dist, capsys):
+    install(install_dist, "import warnings\nwarnings.warn('\\x1b[2Jwiped')\n"
+                          "raise ImportError('boom\\n\\x1b[1Achosen: shady (forged)')\n")
+    code, out, err = cli(capsys, "providers", "--arch", "cpu")
+    assert code == 0 and "\x1b" not in out + err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("BROKEN plugin shady")]
+    assert line.endswith("ImportError: boom\\x0a\\x1b[1Achosen: shady (forged)"), line
+    assert "mqa: warning: \\x1b[2Jwiped" in err, err
+    code, out, err = cli(capsys, "explain", "--arch", "cpu")
+    assert "\x1b" not in out + err and sum(ln.startswith("chosen:") for ln in out.splitlines()) == 1

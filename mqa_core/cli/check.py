@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..names import printable
 from .common import UserError, add_json, device_or_default, emit
 
 
@@ -152,7 +153,7 @@ def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbo
 
 
 def _clip(text: str, limit: int) -> str:
-    one = " ".join(text.split())
+    one = printable(" ".join(text.split()))  # a failure message may quote a kernel's exception
     return one if len(one) <= limit else one[: limit - 3] + "..."
 
 

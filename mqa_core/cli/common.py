@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..names import printable
 from ..spec import OPS, Pair, Problem, parse_dtypes
 
 if TYPE_CHECKING:
@@ -118,13 +119,21 @@ def providers_for(names: Sequence[str], ops: Sequence[str], device: torch.device
 
 
 def emit(data: dict[str, Any], text: str, as_json: bool) -> None:
-    print(json.dumps(data, indent=2, default=str) if as_json else text)
+    """``data`` as JSON (plain data; JSON escapes every control character), or ``text`` with each line
+    printable (:func:`mqa_core.names.printable`: plugin-supplied text cannot move the cursor)."""
+    print(json.dumps(data, indent=2, default=str) if as_json else safe_lines(text))
+
+
+def safe_lines(text: str) -> str:
+    """Each line of ``text`` printable: the line breaks are ours, every other control character shown
+    as an escape."""
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def fail(message: str, code: int = 2) -> int:
-    first = message.strip().splitlines()[0] if message.strip() else "failed"
-    rest = message.strip().splitlines()[1:]
+    lines = [printable(line) for line in message.strip().split("\n")]
+    first = lines[0] if message.strip() else "failed"
     print(f"mqa: error: {first}", file=sys.stderr)
-    for line in rest:  # a decision trace (exit 3) keeps its table; user errors are one line
+    for line in lines[1:]:  # a decision trace (exit 3) keeps its table; user errors are one line
         print(line, file=sys.stderr)
     return code

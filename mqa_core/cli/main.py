@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import PluginError, ProviderUnavailableError
+from ..names import printable
 from ..settings import ENV_VARS
 from .common import Parser, UserError, fail, resolve_device
 
@@ -43,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                       line: Any = None) -> None:
-    print(f"mqa: warning: {message}".replace("mqa: warning: mqa_core: ", "mqa: warning: "), file=sys.stderr)
+    text = printable(f"mqa: warning: {message}")  # a plugin's own warnings come through here too
+    print(text.replace("mqa: warning: mqa_core: ", "mqa: warning: "), file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
