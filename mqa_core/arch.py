@@ -21,9 +21,10 @@ KNOWN_ARCHS = (
 #: A spec that declares this serves every arch (the reference provider).
 ANY_ARCH = "any"
 
-_SM = re.compile(r"(?:sm|compute)_?(\d{2,3})[af]?")
-_CC = re.compile(r"(\d{1,2})\.(\d)")
-_GFX = re.compile(r"(gfx\d{2,3}[0-9a-f])(?::[a-z0-9+\-:]*)?")
+# re.ASCII: \d is 0-9 only (without it, "sm_٩٠" would be an arch, spelled in Arabic-Indic digits)
+_SM = re.compile(r"(?:sm|compute)_?(\d{2,3})[af]?", re.ASCII)
+_CC = re.compile(r"(\d{1,2})\.(\d)", re.ASCII)
+_GFX = re.compile(r"(gfx\d{2,3}[0-9a-f])(?::[a-z0-9+\-:]*)?", re.ASCII)
 _ACCEPTED = ("sm_XY[Z] (sm_90, sm90, SM_90, sm_90a, compute_90, 9.0, sm_100, sm_121), "
              "gfxNNN[N] (gfx942, gfx950:sramecc+:xnack-, gfx90a, gfx1151) and cpu")
 
@@ -41,6 +42,8 @@ def normalize_arch(name: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _normalize(name: str) -> str:
     text = name.strip().lower()
+    if not text.isascii():
+        raise ValueError(f"malformed arch {name!r}: arch names are ASCII; accepted forms are {_ACCEPTED}")
     if text == "cpu":
         return "cpu"
     m = _SM.fullmatch(text)

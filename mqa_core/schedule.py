@@ -37,8 +37,8 @@ def paged_schedule(context_lens: Any, num_sms: int | None = None) -> Any:
             raise TypeError(f"paged_schedule: context_lens is on {context_lens.device}; give num_sms (the "
                             "programs to split over) for a device that is not a CUDA GPU")
         num_sms = torch.cuda.get_device_properties(context_lens.device).multi_processor_count
-    if not isinstance(num_sms, int) or isinstance(num_sms, bool) or num_sms < 1:
-        raise TypeError(f"paged_schedule: num_sms must be a positive int; got {num_sms!r}")
+    if not isinstance(num_sms, int) or isinstance(num_sms, bool) or not 1 <= num_sms < 2**31:
+        raise TypeError(f"paged_schedule: num_sms must be a positive int below 2**31; got {num_sms!r}")
     longest = context_lens if context_lens.dim() == 1 else context_lens.max(dim=1).values
     tiles = (longest.long().clamp(min=0) + TILE - 1) // TILE
     ends = torch.cumsum(tiles, 0)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .errors import SettingsError
 from .names import DISTRIBUTION_NAME, ENTRY_POINT_NAME, PROVIDER_NAME, normalize_distribution
@@ -63,22 +64,48 @@ def parse_choice(variable: str, text: str | None, choices: tuple[str, ...]) -> s
     return word
 
 
-def env_positive_number(variable: str, default: float, env: Mapping[str, str] | None = None) -> float:
-    """A positive, finite number from ``env[variable]`` (``os.environ`` by default); unset or empty ->
-    ``default``. Anything else (``abc``, ``0``, ``-1``, ``inf``) raises SettingsError naming the variable.
-
-    For providers' own variables (torch_ref reads ``MQA_TORCH_REF_MEMORY_MB`` with it).
-    """
-    text = (os.environ if env is None else env).get(variable)
+def parse_positive_number(variable: str, text: str | None, default: float) -> float:
+    """A positive, finite number written in ASCII; unset or empty -> ``default``. Anything else
+    (``abc``, ``0``, ``-1``, ``inf``, ``٥``) raises SettingsError naming the variable."""
     if text is None or not text.strip():
         return default
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else math.nan
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise SettingsError(f"{variable}={text!r} must be a positive number")
     return value
+
+
+def env_positive_number(variable: str, default: float, env: Mapping[str, str] | None = None) -> float:
+    """A positive, finite number from ``env[variable]``, by default as the current state read it (once
+    per state, like every ``MQA_*`` variable: :func:`mqa_core.reload` reads it again); unset or empty
+    -> ``default``. Anything else raises SettingsError naming the variable.
+
+    For providers' own variables (torch_ref reads ``MQA_TORCH_REF_MEMORY_MB`` with it).
+    """
+    if env is not None:
+        return parse_positive_number(variable, env.get(variable), default)
+    from . import registry  # the state holds the snapshot (and imports this module)
+
+    return registry.state().settings.number(variable, default)
+
+
+def setting_text(variable: str) -> str | None:
+    """The value an ``MQA_*`` variable had when the current state read the environment (None when
+    unset): how a provider reads its own variables once per state, as the core reads its own."""
+    from . import registry
+
+    return registry.state().settings.env.get(variable)
+
+
+#: Providers' variables that ENV_VARS documents: checked when the settings are read, so a bad value
+#: is an error from the start (``mqa providers`` exits 2), not from some later call.
+PROVIDER_VARIABLES: dict[str, Callable[[str, str | None], object]] = {
+    "MQA_TORCH_REF_MEMORY_MB": lambda var, text: parse_positive_number(var, text, 1.0),
+    "MQA_GLUON_PDL": lambda var, text: parse_bool(var, text, default=True),
+}
 
 
 def _provider_ref(text: str) -> str | None:
@@ -141,11 +168,26 @@ class Settings:
     validate_full: bool = False
     #: A table written by ``mqa tune`` (see mqa_core.tuning); None: choose by priority only.
     tuning: str | None = None
+    #: Every ``MQA_*`` variable as it was read (providers read their own from here: setting_text).
+    env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    #: (variable, default) -> the number read from ``env`` (env_positive_number's cache).
+    _numbers: dict[tuple[str, float], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def number(self, variable: str, default: float) -> float:
+        """``env[variable]`` as a positive number (:func:`parse_positive_number`), parsed once."""
+        key = (variable, default)
+        value = self._numbers.get(key)
+        if value is None:
+            value = self._numbers[key] = parse_positive_number(variable, self.env.get(variable), default)
+        return value
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """Parse the variables (``os.environ`` by default); raise SettingsError naming a bad one."""
         env = os.environ if env is None else env
+        snapshot = {k: v for k, v in env.items() if k.startswith("MQA_")}
+        for variable, parse in PROVIDER_VARIABLES.items():
+            parse(variable, snapshot.get(variable))
         plugins = env.get("MQA_PLUGINS")
         return cls(
             preference=parse_list("MQA_PROVIDER", env.get("MQA_PROVIDER"), _provider_ref,
@@ -157,4 +199,5 @@ class Settings:
             strict=parse_bool("MQA_STRICT_PLUGINS", env.get("MQA_STRICT_PLUGINS")),
             validate_full=parse_choice("MQA_VALIDATE", env.get("MQA_VALIDATE"), VALIDATE_MODES) == "full",
             tuning=env.get("MQA_TUNING", "").strip() or None,
+            env=MappingProxyType(snapshot),
         )

@@ -108,6 +108,8 @@ class Problem:
         if len(parts) != 4 or not all(p.isascii() and p.isdigit() for p in parts):
             raise ValueError(f"shape must be M,N,H,D as four non-negative integers, got {text!r}")
         m, n, h, d = (int(p) for p in parts)
+        if max(m, n, h, d) >= 2**31:
+            raise ValueError(f"shape M,N,H,D takes sizes below 2**31 (the kernels index in int32), got {text!r}")
         if h == 0 or d == 0:
             raise ValueError(f"shape M,N,H,D needs H >= 1 and D >= 1 (M and N may be 0), got {text!r}")
         return cls(m, n, h, d)

@@ -19,7 +19,10 @@ from .spec import DTYPES, Problem, ProviderSpec, dtype_name, format_pairs
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["dtype_name", "mqa_logits_args", "paged_mqa_logits_args"]
+__all__ = ["MAX_INT32", "dtype_name", "mqa_logits_args", "paged_mqa_logits_args"]
+
+#: Integer arguments and sizes a caller states are below this: the kernels index in int32.
+MAX_INT32 = 2**31
 
 
 def _desc(t: Any) -> str:
@@ -124,8 +127,10 @@ def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any
     else:
         _tensor(op, "context_lens", context_lens, ["int32"], (b,), "[B] or [B, next_n]")
     _tensor(op, "block_tables", block_tables, ["int32"], (b, None), "[B, max_blocks]")
-    if not isinstance(max_context_len, int) or isinstance(max_context_len, bool) or max_context_len < 0:
-        raise TypeError(f"{op}: max_context_len must be a non-negative int; got {max_context_len!r}")
+    if not isinstance(max_context_len, int) or isinstance(max_context_len, bool):
+        raise TypeError(f"{op}: max_context_len must be a non-negative int below 2**31; got {max_context_len!r}")
+    if not 0 <= max_context_len < MAX_INT32:  # the kernels index positions in int32
+        raise ValueError(f"{op}: max_context_len must be a non-negative int below 2**31; got {max_context_len!r}")
     if not isinstance(clean_logits, bool):
         raise TypeError(f"{op}: clean_logits must be a bool; got {type(clean_logits).__name__}")
     _same_device(op, {"q": q, "kv_cache": kv_cache, "weights": weights,

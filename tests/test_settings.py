@@ -146,3 +146,37 @@ def test_help_lists_every_variable():
     text = parser().format_help()
     for var in ENV_VARS:
         assert var in text
+
+
+# -- issue 37: every MQA_* variable read once per state; a bad one is exit 2 from the start ---------
+
+def test_provider_variables_are_read_once_per_state(monkeypatch):
+    from mqa_provider_torch_ref.kernels import memory_bound_bytes
+
+    reload_with(monkeypatch, MQA_TORCH_REF_MEMORY_MB="8")
+    inp = make_inputs(mqa_core.Problem(3, 10, 4, 64))
+    mqa_core.fp8_mqa_logits(*inp.args())
+    assert memory_bound_bytes() == 8 * 2**20
+    monkeypatch.setenv("MQA_TORCH_REF_MEMORY_MB", "abc")  # not read per call
+    mqa_core.fp8_mqa_logits(*inp.args())
+    assert memory_bound_bytes() == 8 * 2**20
+    mqa_core.reload()
+    with pytest.raises(SettingsError, match="MQA_TORCH_REF_MEMORY_MB='abc' must be a positive number"):
+        mqa_core.get_provider("cpu")
+
+
+@pytest.mark.parametrize("var, text, words", [
+    ("MQA_TORCH_REF_MEMORY_MB", "abc", "must be a positive number"),
+    ("MQA_TORCH_REF_MEMORY_MB", "\u0665\u0661\u0662", "must be a positive number"),  # 512 in Arabic-Indic digits
+    ("MQA_GLUON_PDL", "sometimes", "is not a boolean"),
+])
+def test_a_bad_provider_variable_fails_every_command_with_exit_2(monkeypatch, capsys, var, text, words):
+    """`mqa providers` exited 0 with MQA_TORCH_REF_MEMORY_MB=abc, which only a call then refused."""
+    from mqa_core.cli.main import main
+
+    monkeypatch.setenv(var, text)
+    for argv in (["providers", "--arch", "cpu"], ["explain", "--arch", "cpu"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"mqa: error: {var}={text!r} {words}" + (
+            ": use one of 1, true, yes, on, 0, false, no, off\n" if "boolean" in words else "\n"), err

@@ -90,3 +90,22 @@ def test_known_archs_is_documentation_only():
 
     assert "gfx942" in mqa_core.KNOWN_ARCHS and "gfx1036" not in mqa_core.KNOWN_ARCHS
     assert normalize_arch("gfx1036") == "gfx1036"
+
+
+@pytest.mark.parametrize("name", ["sm_\u0669\u0660", "\u0669.\u0660", "gfx\u0669\u0664\u0662", "sm_\uff19\uff10"])
+def test_arch_names_are_ascii(name):
+    """Issue 37: non-ASCII digits (sm_٩٠) were accepted as an arch."""
+    with pytest.raises(ValueError, match="malformed arch"):
+        normalize_arch(name)
+    with pytest.raises(ValueError, match="archs"):
+        spec(archs={name})
+
+
+def test_a_non_ascii_arch_is_exit_2(capsys):
+    import mqa_core
+    from mqa_core.cli.main import main
+
+    with pytest.raises(ValueError, match="malformed arch"):
+        mqa_core.get_provider("sm_\u0669\u0660")
+    assert main(["explain", "--arch", "sm_\u0669\u0660"]) == 2
+    assert capsys.readouterr().err.startswith("mqa: error: malformed arch 'sm_\u0669\u0660': arch names are ASCII")

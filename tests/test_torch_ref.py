@@ -73,8 +73,10 @@ def test_zero_sized_problems():
 def test_chunking_is_invisible(monkeypatch):
     inp = make_inputs(Problem(300, 700, 8, 64), window="ragged", seed=3)
     monkeypatch.setenv("MQA_TORCH_REF_MEMORY_MB", "0.05")  # forces tiny row and column chunks
+    mqa_core.reload()  # read once per state, like every MQA_* variable
     small = mqa_core.fp8_mqa_logits(*inp.args())
     monkeypatch.setenv("MQA_TORCH_REF_MEMORY_MB", "512")
+    mqa_core.reload()
     big = mqa_core.fp8_mqa_logits(*inp.args())
     torch.testing.assert_close(small, big, rtol=1e-6, atol=1e-6)
 

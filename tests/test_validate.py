@@ -94,3 +94,21 @@ def test_paged_torch_ref_matches_oracle():
         ref = inp.reference()
         assert torch.equal(torch.isinf(out), torch.isinf(ref))
         assert calc_diff(out, ref) < 1e-9
+
+
+@pytest.mark.parametrize("value", [2**70, 2**31, -1])
+def test_max_context_len_is_bounded_before_any_kernel(value):
+    """Issue 37: 2**70 passed validation, then failed inside torch with a C++ dump."""
+    inp = make_paged_inputs(2, 2, 4, 64, 200, block_size=16)
+    args = list(inp.args())
+    for call in (mqa_core.fp8_paged_mqa_logits,
+                 mqa_core.get_provider("cpu", op="fp8_paged_mqa_logits").fp8_paged_mqa_logits):
+        with pytest.raises(ValueError, match=rf"max_context_len must be a non-negative int below 2\*\*31; got {value}"):
+            call(*args[:5], value)
+
+
+def test_sizes_typed_on_a_command_line_are_bounded():
+    with pytest.raises(ValueError, match="below 2\\*\\*31"):
+        Problem.parse(f"1,{2**31},4,64")
+    with pytest.raises(TypeError, match="num_sms must be a positive int below 2\\*\\*31"):
+        mqa_core.paged_schedule(torch.ones(2, dtype=torch.int32), 2**70)

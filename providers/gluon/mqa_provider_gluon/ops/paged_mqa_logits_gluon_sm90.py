@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import torch
@@ -130,12 +129,13 @@ PDL_VARIABLE = "MQA_GLUON_PDL"
 
 
 def default_config() -> GluonPagedConfig:
-    """The config of a call given none: the defaults, launched as :data:`PDL_VARIABLE` says (read when a
-    call signature is first bound, so set it before the first call). A value that is not a boolean
-    raises ``mqa_core.SettingsError`` naming the variable."""
-    from mqa_core.settings import parse_bool
+    """The config of a call given none: the defaults, launched as :data:`PDL_VARIABLE` says (as the
+    current state read it, once, like every ``MQA_*`` variable: ``mqa_core.reload()`` reads it again).
+    A value that is not a boolean raises ``mqa_core.SettingsError`` naming the variable (when the
+    state is built)."""
+    from mqa_core.settings import parse_bool, setting_text
 
-    pdl = parse_bool(PDL_VARIABLE, os.environ.get(PDL_VARIABLE), default=True)
+    pdl = parse_bool(PDL_VARIABLE, setting_text(PDL_VARIABLE), default=True)
     return GluonPagedConfig(pdl=int(pdl), trigger=int(pdl))
 
 
