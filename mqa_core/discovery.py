@@ -13,8 +13,9 @@ Trust boundaries (see docs/hooks.md):
 - ``MQA_PLUGINS`` is decided before any import: an entry point it leaves out is never imported; it
   names distributions (unique in an environment), never bare entry-point names (anyone's to choose);
 - a distribution installed twice on ``sys.path`` (two dist-info directories whose names normalise
-  alike) is never imported: ``importlib.metadata`` shows only the first, so which code served would
-  depend on path order. Both are reported as broken (stage ``shadowed``) until one is removed;
+  alike) whose copies differ (version, or what an entry point names) is never imported:
+  ``importlib.metadata`` shows only the first, so which code served would depend on path order.
+  Both are reported as broken (stage ``shadowed``) until one is removed;
 - a spec's distribution and version are the installed distribution's, never what the plugin says.
 """
 
@@ -132,18 +133,28 @@ def _entry_points() -> tuple[list[Any], Shadows]:
     """Every entry point of the group from every distribution on ``sys.path`` (``md.entry_points``
     keeps only the first distribution of a name and so hides a second one), and the distributions of
     the group found more than once."""
-    copies: dict[str, dict[str, Any]] = {}
+    named: dict[str, list[Any]] = {}
     for dist in md.distributions():
-        copies.setdefault(_normalized(dist), {}).setdefault(_where(dist), dist)  # a path listed twice: once
+        named.setdefault(_normalized(dist), []).append(dist)
     found: list[Any] = []
     shadows: Shadows = {}
-    for name, where in copies.items():
-        eps = [ep for dist in where.values() for ep in dist.entry_points if ep.group == hookspecs.ENTRY_POINT_GROUP]
-        if not eps:
+    for name, dists in named.items():
+        eps = [[ep for ep in d.entry_points if ep.group == hookspecs.ENTRY_POINT_GROUP] for d in dists]
+        if not any(eps):
             continue
-        found += eps
-        if len(where) > 1:
-            shadows[name] = sorted((w, d.version or "?") for w, d in where.items())
+        if len(dists) > 1:
+            # Copies that say the same (version, and each entry point naming the same object) import
+            # the same code whichever comes first: one is kept, as importlib.metadata would (the
+            # same directory on sys.path twice, or an editable install's egg-info in its source tree
+            # beside its dist-info). Copies that differ are shadows: reported, neither imported.
+            says = {(d.version, tuple(sorted((ep.name, ep.value) for ep in e))) for d, e in zip(dists, eps)}
+            if len(says) == 1:
+                eps = eps[:1]
+            else:  # each copy listed once (a directory on sys.path twice lists its copy twice)
+                where = {_where(d): (d, e) for d, e in reversed(list(zip(dists, eps)))}
+                shadows[name] = sorted((w, d.version or "?") for w, (d, _) in where.items())
+                eps = [e for _, e in where.values()]
+        found += [ep for e in eps for ep in e]
     # Sorted, so that every process and every rank discovers the same plugins in the same order.
     found.sort(key=lambda ep: (ep.name, ep.value, *_dist(ep), _where(ep.dist) if getattr(ep, "dist", None) else ""))
     return found, shadows

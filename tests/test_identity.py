@@ -270,3 +270,29 @@ def test_check_certifies_the_genuine_provider_by_distribution_colon_name(copycat
     assert row["failed"] == 0 and row["passed"] == 4, row
     r = _mqa(copycat_site, "check", "--provider", "copycat:torch_ref", "--dtype", "e4m3fn", "-k", "prefill_window")
     assert r.returncode == 1 and "copycat:torch_ref  FAIL" in r.stdout, r.stdout + r.stderr
+
+
+def test_an_identical_second_copy_is_one_distribution(install_dist, monkeypatch):
+    """An editable install's egg-info in its source tree beside its dist-info (or a directory on
+    sys.path twice): the copies say the same, so the same code serves whichever comes first."""
+    import importlib.metadata as md
+
+    genuine = md.distribution("mqa-provider-torch-ref")
+    eps = {ep.name: ep.value for ep in genuine.entry_points if ep.group == "mqa_core.providers"}
+    install_dist("mqa_provider_torch_ref", genuine.version, {}, {"mqa_core.providers": eps})
+    reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref")
+    p = mqa_core.get_provider("cpu")  # the first copy's spelling of the name: the same distribution
+    assert p.name == "torch_ref" and p.spec.distribution.replace("_", "-") == "mqa-provider-torch-ref"
+    found = registry.state().discovery
+    assert found.broken == () and [p.entry_point for p in found.plugins if p.status == "loaded"] == list(eps)
+
+
+def test_a_second_copy_of_another_version_is_a_shadow(install_dist, monkeypatch):
+    import importlib.metadata as md
+
+    genuine = md.distribution("mqa-provider-torch-ref")
+    eps = {ep.name: ep.value for ep in genuine.entry_points if ep.group == "mqa_core.providers"}
+    install_dist("mqa_provider_torch_ref", "99.0", {}, {"mqa_core.providers": eps})
+    reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref")
+    with pytest.warns(RuntimeWarning, match=r"installed 2 times on sys.path \(.*99\.0 at "):
+        assert registry.state().discovery.specs == ()
