@@ -171,7 +171,7 @@ class Settings:
     #: Every ``MQA_*`` variable as it was read (providers read their own from here: setting_text).
     env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     #: (variable, default) -> the number read from ``env`` (env_positive_number's cache).
-    _numbers: dict[tuple[str, float], float] = field(default_factory=dict, compare=False, repr=False)
+    _numbers: dict[tuple[str, float], float] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def number(self, variable: str, default: float) -> float:
         """``env[variable]`` as a positive number (:func:`parse_positive_number`), parsed once."""
