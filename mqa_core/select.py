@@ -91,7 +91,7 @@ def _judge(spec: ProviderSpec, arch: str, op: str, pair: tuple[str, str] | None,
     if op not in spec.ops:
         return reject("op", f"declares ops {', '.join(sorted(spec.ops))}; asked for {op}")
     if not spec.serves_arch(arch):
-        return reject("arch", f"declares archs {', '.join(sorted(spec.archs))}; this system has {arch}")
+        return reject("arch", f"declares archs {', '.join(sorted(spec.archs))}; asked for {arch}")
     if pair is not None and pair not in declared:
         return reject("dtype", f"declares {format_pairs(declared) or 'no dtypes'} on {arch}; "
                                f"asked for {format_pairs([pair])}")

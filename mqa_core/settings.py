@@ -10,6 +10,7 @@ discovery (``discovery.unknown_names``).
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -34,6 +35,9 @@ ENV_VARS = {
                      "plainly launched kernels; docs/paged-op.md)",
     "MQA_TUNING": "FILE written by `mqa tune`: per shape bucket, the fastest measured usable provider is chosen",
 }
+
+#: Names under this prefix belong to the test suite's stand-ins and are not warned about.
+TEST_PREFIX = "MQA_TEST_"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -79,6 +83,27 @@ def env_positive_number(variable: str, default: float, env: Mapping[str, str] | 
     if not (math.isfinite(value) and value > 0):
         raise SettingsError(f"{variable}={text!r} must be a positive number")
     return value
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """One message per ``MQA_*`` variable set in ``env`` (``os.environ`` by default) that nothing reads,
+    naming the closest known one: a misspelt setting must not be silently ignored."""
+    env = os.environ if env is None else env
+    out = []
+    for name in sorted(env):
+        if not name.startswith("MQA_") or name in ENV_VARS or name.startswith(TEST_PREFIX):
+            continue
+        close = difflib.get_close_matches(name, list(ENV_VARS), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(ENV_VARS)}"
+        out.append(f"{name} is not a setting mqa-core or its providers read, so it changes nothing; {hint}")
+    return out
+
+
+def _check_provider_variables(env: Mapping[str, str]) -> None:
+    """The repository's providers read these variables where their kernels run; a bad value fails here
+    too, when the settings are read, so it shows on any machine (``MQA_GLUON_PDL=2`` on a CPU)."""
+    parse_bool("MQA_GLUON_PDL", env.get("MQA_GLUON_PDL"), default=True)
+    env_positive_number("MQA_TORCH_REF_MEMORY_MB", 1.0, env)
 
 
 def _provider_ref(text: str) -> str | None:
@@ -141,6 +166,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         """Parse the variables (``os.environ`` by default); raise SettingsError naming a bad one."""
         env = os.environ if env is None else env
+        _check_provider_variables(env)
         plugins = env.get("MQA_PLUGINS")
         return cls(
             preference=parse_list("MQA_PROVIDER", env.get("MQA_PROVIDER"), _provider_ref,

@@ -105,7 +105,7 @@ def test_check_provider_for_another_arch_is_one_line(install_dist, monkeypatch: 
     r = _mqa("check", "--provider", "hopper_only", PYTHONPATH=str(site))
     assert r.returncode == 3 and r.stdout == "", r
     assert r.stderr.strip() == ("mqa: error: provider hopper_only (hopper-only==1.0, priority -5) cannot serve cpu: "
-                                "rejected [arch] declares archs sm_90; this system has cpu")
+                                "rejected [arch] declares archs sm_90; asked for cpu")
 
 
 def _version(name: str) -> str:

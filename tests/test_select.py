@@ -25,7 +25,7 @@ def test_highest_priority_then_name_wins():
     assert d.chosen == "shaped"
     assert [c.name for c in d.accepted] == ["shaped", "mid_a", "mid_b", "low"]
     assert d.candidate("high").code == "arch"
-    assert "declares archs gfx950; this system has sm_90" in d.candidate("high").reason
+    assert "declares archs gfx950; asked for sm_90" in d.candidate("high").reason
 
 
 def test_order_does_not_depend_on_discovery_order():

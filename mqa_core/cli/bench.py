@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import UserError, device_or_default, providers_for, shape_arg, timed_calls
+from .common import UserError, device_or_default, providers_for, refuse_named, shape_arg, timed_calls, writable_path
 
 EPILOG = """presets:
   quick    causal and full prefill, M=256 N=1024 H=32 D=128 (seconds on a CPU)
@@ -145,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
     if not _plot_possible(args):
         args.plot = None
     if args.from_json:
+        if args.plot:
+            writable_path("--plot", args.plot)
         return _replay(args)
-
 
     from ..api import explain
     from ..arch import arch_of_device
@@ -171,15 +172,19 @@ def run(args: argparse.Namespace) -> int:
         _progress("mqa bench: the engine preset at full size takes long on a CPU; --scale 64 keeps its "
                   "structure at a size that runs in seconds")
     ops = list(dict.fromkeys(w.op for w in work))
-
-    for op in ops:  # which provider serves this machine, and why, before any number
-        print(explain(arch, op=op), end="\n\n", flush=True)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            writable_path(option, path)
     names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
              else usable_providers(arch, ops))
     if args.baseline and args.baseline not in names:
         names.append(args.baseline)
     if not names:
-        raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)}: see above")
+        raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)} (`mqa explain` says why)")
+    refuse_named(names, arch, ops)  # one line, exit 2 or 3, before any table or measurement
+
+    for op in ops:  # which provider serves this machine, and why, before any number
+        print(explain(arch, op=op), end="\n\n", flush=True)
     providers = providers_for(names, ops, device, arch)
 
     name_of_device = report.device_name(device)
