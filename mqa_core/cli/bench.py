@@ -2,8 +2,9 @@
 
 Prints which provider serves this machine and why (the ``mqa explain`` table), then checks every
 provider's output on every workload against a reference, times the correct ones (progress on
-stderr), and prints one row per provider and workload plus geomeans. ``--json`` appends the rows to
-a JSON Lines file; ``--plot`` draws them.
+stderr), and prints one row per provider and workload plus geomeans; on a GPU each row also shows the
+memory its checked call held at its peak beyond the inputs (``peak MiB``, the output included).
+``--json`` appends the rows to a JSON Lines file; ``--plot`` draws them.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ EPILOG = """presets:
            then the host's us per call (API, Provider, kernel object) on 128x2k, H=64. On a GPU also
            CUDA-graph replay (the device's time alone). On a CPU, add --scale 64.
 
+columns: median ms of the whole call, TFLOP/s (2*H*D per in-window pair), % of the device's fp8 peak;
+  with --graph the same from CUDA-graph replay; on a GPU, peak MiB (the checked call's peak memory
+  beyond its inputs, the output included); with --baseline, the speedup against that provider.
+
 examples:
   mqa bench                                   # quick preset, every provider usable here
+  mqa bench --preset engine --providers gluon,triton,deepgemm   # side by side with DeepGEMM (GPU)
   mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
   mqa bench --providers gluon,triton --shape 4096,16384,64,128
   mqa bench --providers gluon,triton --timing interleaved --shape 128,2048,64,128   # small shapes
