@@ -21,8 +21,8 @@ CheckFn = Callable[[ProviderSpec, str], str | None]
 #: rule's why) or None: a measured table's say (mqa_core.tuning.Tuning.choose).
 TuningFn = Callable[[str, str, "Problem | None", Sequence[str]], "tuple[str | None, str] | None"]
 
-_INSTALL_HINT = ("pip install mqa-provider-torch-ref (any arch), mqa-provider-gluon (NVIDIA/AMD GPUs) "
-                 "or mqa-provider-flydsl (AMD gfx942/gfx950)")
+_INSTALL_HINT = ("from a checkout of mqa-core, pip install ./providers/torch_ref (any arch), ./providers/gluon "
+                 "(NVIDIA/AMD GPUs) or ./providers/flydsl (AMD gfx942/gfx950)")
 
 
 def sort_key(spec: ProviderSpec) -> tuple[int, str, str]:

@@ -73,7 +73,7 @@ def test_dtype_and_op_filters():
 
 def test_no_provider_says_what_to_install():
     d = decide([], [], Settings(), arch="cpu", op="fp8_mqa_logits")
-    assert d.chosen is None and "pip install mqa-provider-torch-ref" in d.why
+    assert d.chosen is None and "pip install ./providers/torch_ref" in d.why
 
 
 def test_broken_plugins_are_listed_and_load_errors_reject():

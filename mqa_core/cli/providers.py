@@ -66,7 +66,7 @@ def render(data: dict[str, Any]) -> str:
         lines.append("(no provider loaded: MQA_PLUGINS leaves out every installed plugin: "
                      f"{', '.join(data['skipped'])})")
     elif not data["providers"]:
-        lines.append("(no provider installed: pip install mqa-provider-torch-ref)")
+        lines.append("(no provider installed: from a checkout of mqa-core, pip install ./providers/torch_ref)")
     # One line per description under the table; a name two distributions claim is spelled
     # distribution:name there, so each line says whose it is.
     claims = Counter(r["name"] for r in data["providers"])
