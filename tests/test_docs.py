@@ -31,10 +31,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-PACKAGE_READMES = [*sorted(ROOT.glob("providers/*/README.md")), ROOT / "examples" / "third_party_provider" / "README.md"]
+PACKAGE_READMES = [*sorted(ROOT.glob("providers/*/README.md")),
+                   ROOT / "examples" / "third_party_provider" / "README.md"]
 RUN_ELSEWHERE = {"docs/writing-a-provider.md": "tests/test_tutorial.py"}
-FENCE = re.compile(r"(?:<!-- ci-setup\n(?P<setup>.*?)-->\n)?^```(?P<lang>[\w-]*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```[ \t]*$",
-                   re.M | re.S)
+FENCE = re.compile(r"(?:<!-- ci-setup\n(?P<setup>.*?)-->\n)?"
+                   r"^```(?P<lang>[\w-]*)(?P<attrs>[^\n]*)\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
 RUN = {"python", "bash"}
 SHOWN = {"text", "toml", "json", "yaml", "markdown"}
 MARKS = {"gpu", "skip", "fails"}
