@@ -132,3 +132,22 @@ def test_17_check_without_pytest_names_the_extra(capsys, monkeypatch) -> None:
     code, out, err = _run(capsys, "check", "--device", "cpu")
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert "pip install 'mqa-core[check]'" in err, err
+
+
+def test_3_nothing_can_serve_is_one_line_too(capsys, monkeypatch) -> None:
+    """A forced provider that cannot serve: exit 3, one line with the verdict and the command that
+    prints every provider's reason (the old message was the whole table on stderr)."""
+    monkeypatch.setenv("MQA_PROVIDER", "gluon")
+    mqa_core.reload()
+    code, out, err = _run(capsys, "demo", "--device", "cpu")
+    assert code == 3 and out == "" and err.count("\n") == 1, err
+    assert "no provider can serve fp8_mqa_logits on cpu" in err and "MQA_PROVIDER=gluon" in err
+    assert "mqa explain --arch cpu --op fp8_mqa_logits --shape 256,512,32,128" in err, err
+
+
+def test_17_the_check_extra_is_declared() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    from pathlib import Path
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert any(r.startswith("pytest") for r in meta["optional-dependencies"]["check"])

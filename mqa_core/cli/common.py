@@ -178,9 +178,7 @@ def emit(data: dict[str, Any], text: str, as_json: bool) -> None:
 
 
 def fail(message: str, code: int = 2) -> int:
+    """Print ``mqa: error: ...``, one line (the message's first), and return the exit status."""
     first = message.strip().splitlines()[0] if message.strip() else "failed"
-    rest = message.strip().splitlines()[1:]
     print(f"mqa: error: {first}", file=sys.stderr)
-    for line in rest:  # a decision trace (exit 3) keeps its table; user errors are one line
-        print(line, file=sys.stderr)
     return code
