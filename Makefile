@@ -21,6 +21,9 @@ DEPS = "pluggy>=1.3" numpy
 TEST_DEPS = pytest matplotlib ruff mypy
 
 PIP = $(PYTHON) -m pip install --quiet
+# Editable installs as a path entry (.pth) rather than setuptools' default import hook, so that type
+# checkers (mypy, pyright) find mqa_core and the providers from outside the repository too.
+EDITABLE = --config-settings editable_mode=compat
 
 .PHONY: demo test torch install test-triton-latest
 
@@ -32,7 +35,7 @@ demo: install
 test: install
 	$(PYTHON) .ci/ensure.py triton "$(TRITON_SPEC)" --no-deps
 	$(PIP) $(TEST_DEPS)
-	$(PIP) --no-deps $(addprefix -e ,$(EXAMPLES))
+	$(PIP) --no-deps $(EDITABLE) $(addprefix -e ,$(EXAMPLES))
 	$(PYTHON) -m ruff check mqa_core providers tests examples bench
 	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -q
@@ -44,7 +47,7 @@ test: install
 install:
 	$(PIP) $(DEPS)
 	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"
-	$(PIP) --no-deps -e . $(addprefix -e ,$(PROVIDERS))
+	$(PIP) --no-deps $(EDITABLE) -e . $(addprefix -e ,$(PROVIDERS))
 
 torch:
 	@$(PYTHON) .ci/ensure.py torch "$(TORCH_SPEC)"

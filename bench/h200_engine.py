@@ -3,11 +3,9 @@ side by side with DeepGEMM.
 
     PYTHONPATH=.deepgemm:providers/gluon:providers/torch_ref:providers/flydsl:. python bench/h200_engine.py
     python bench/h200_engine.py --cpu-smoke     # the same code path on a CPU: torch_ref, tiny shapes
-    python bench/h200_engine.py --variants [NAMES] --budget S   # only the Gluon launch-variant sweep
 
-``--variants`` runs ``bench/engine_variants.py``'s sweep instead of 1. and 2.: launch variants of the
-Gluon kernel (key splits, filler warp, dynamic scheduling, the Triton kernel) on the preset's weak
-shapes and two large ones, each checked against the oracle, then timed beside DeepGEMM.
+The user-facing equivalent, with DeepGEMM through its provider (whose adapter adds a few small
+launches per call): ``mqa bench --preset engine --providers gluon,triton,deepgemm``.
 
 1. Host cost (issue 14's table) on M=128 N=2048 H=64 D=128, clean_logits=True: host us per call (N
    calls back to back without a sync / N, median of interleaved rounds) for ``mqa_core.fp8_mqa_logits``,
@@ -403,10 +401,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--host-calls", type=int, default=None, help="calls per host-cost round (default 200; smoke 10)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="folder for engine.jsonl (default: $OUT)")
     ap.add_argument("--commit", help="the commit to record when this copy of the repository has no .git")
-    ap.add_argument("--variants", nargs="?", const="all", metavar="NAMES",
-                    help="only the Gluon launch-variant sweep (bench/engine_variants.py): all, or a comma list")
-    ap.add_argument("--precheck-timeout", type=float, default=75.0,
-                    help="seconds for the variant precheck subprocess (default 75)")
     args = ap.parse_args(argv)
 
     smoke = args.cpu_smoke
@@ -436,9 +430,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"{name_of_device} ({arch}); torch {torch.__version__}, triton {versions['triton']}; "
         f"columns {', '.join(names)}, {DG}; commit {common['commit']}")
     log(dg_line)
-    if args.variants:
-        return variants_main(args, dg, device, arch, common)
-
     host = host_table_rows(names, providers, dg, device, arch, clock, scale, calls, rounds, common)
     timed = preset_rows(names, dg, device, arch, clock, scale, args.budget, common)
 
@@ -461,38 +452,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{len(bad)} wrong or failed: " + "; ".join(f"{r['provider']} on {r['workload']}: {r['reason'][:120]}"
                                                           for r in bad))
     return 1 if bad else 0
-
-
-def variants_main(args: argparse.Namespace, dg: Any, device: torch.device, arch: str,
-                  common: dict[str, Any]) -> int:
-    """--variants: the precheck subprocess, then the sweep; its two tables last."""
-    import engine_variants as ev
-
-    names = list(ev.VARIANTS) if args.variants == "all" else [n.strip() for n in args.variants.split(",")]
-    unknown = [n for n in names if n not in ev.VARIANTS]
-    if unknown:
-        print(f"h200_engine.py: --variants takes names from {list(ev.VARIANTS)}; unknown: {unknown}",
-              file=sys.stderr)
-        return 2
-    dropped = ev.run_precheck(names, args.precheck_timeout, log, smoke=device.type != "cuda")
-    kept = [n for n in names if n not in dropped]
-    rows = ev.sweep(kept, None if dg is None else deepgemm_call(dg), device, arch, T0 + args.budget, log, common)
-    rows += [{"record": "variant", "variant": n, "status": "dropped", "reason": why, **common}
-             for n, why in dropped.items()]
-    if args.out:
-        path = os.path.join(args.out, "variants.jsonl")
-        report.append_jsonl(path, rows)
-        log(f"wrote {len(rows)} rows to {path}")
-    print()
-    print(f"Gluon launch variants on {common['device_name']} (fp8_mqa_logits_gluon called directly; "
-          f"DeepGEMM's whole call)")
-    print(ev.table([r for r in rows if r["status"] != "dropped"], kept))
-    for n, why in dropped.items():
-        print(f"dropped by the precheck: {n}: {why}")
-    bad = [r for r in rows if r["status"] in ("wrong", "error")]
-    for r in bad:
-        print(f"{r['status'].upper()}: {r['variant']} on {r['workload']}: {r['reason'][:200]}")
-    return 1 if bad or dropped else 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from .errors import ProviderUnavailableError
 from .memo import CallTable, Signature
 from .provider import Entry, Provider, load_object
 from .select import decide, preferred_order, run_check, shape_reason
-from .settings import Settings
+from .settings import Settings, unknown_variables
 from .spec import Pair, Problem, ProviderSpec
 from .tuning import Tuning, from_setting
 
@@ -93,7 +93,7 @@ def _build() -> _State:
         if _state is None:
             settings = Settings.from_env()
             found = discover(settings, forbidden=_cut_by_fork, inflight=_inflight)
-            for message in unknown_names(settings, found):
+            for message in [*unknown_variables(), *unknown_names(settings, found)]:
                 log.warning("mqa_core: %s", message)
                 warnings.warn(f"mqa_core: {message}", RuntimeWarning, stacklevel=4)
             _state = _State(settings, found, tuning=from_setting(settings.tuning))

@@ -14,7 +14,10 @@ split of the batch's 64-token tiles starts, as (sequence, tile within it); the l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported lazily: ``import mqa_core`` must not import it
+    import torch
 
 __all__ = ["TILE", "paged_schedule", "schedule_problem"]
 
@@ -22,10 +25,12 @@ __all__ = ["TILE", "paged_schedule", "schedule_problem"]
 TILE = 64
 
 
-def paged_schedule(context_lens: Any, num_sms: int | None = None) -> Any:
+def paged_schedule(context_lens: torch.Tensor, num_sms: int | None = None) -> torch.Tensor:
     """The schedule of a decode step's ``context_lens`` (int32 [B] or [B, next_n]) over ``num_sms``
-    programs (None: the multiprocessor count of ``context_lens``' CUDA device), on that device.
-    Device ops only, no host synchronisation: capturable in a CUDA graph."""
+    programs, on that device: int32 ``[num_sms + 1, 2]``. ``num_sms`` None: the multiprocessor count
+    of ``context_lens``' GPU, or 1 on a device that is not one (the CPU's providers read no schedule;
+    the schedule is a hint that never changes the logits). Device ops only, no host synchronisation:
+    capturable in a CUDA graph."""
     import torch
 
     if not isinstance(context_lens, torch.Tensor) or context_lens.dtype != torch.int32 \
@@ -33,10 +38,8 @@ def paged_schedule(context_lens: Any, num_sms: int | None = None) -> Any:
         raise TypeError("paged_schedule: context_lens must be int32 [B] or [B, next_n]; "
                         f"got {describe(context_lens)}")
     if num_sms is None:
-        if context_lens.device.type != "cuda":
-            raise TypeError(f"paged_schedule: context_lens is on {context_lens.device}; give num_sms (the "
-                            "programs to split over) for a device that is not a CUDA GPU")
-        num_sms = torch.cuda.get_device_properties(context_lens.device).multi_processor_count
+        num_sms = (torch.cuda.get_device_properties(context_lens.device).multi_processor_count
+                   if context_lens.device.type == "cuda" else 1)
     if not isinstance(num_sms, int) or isinstance(num_sms, bool) or not 1 <= num_sms < 2**31:
         raise TypeError(f"paged_schedule: num_sms must be a positive int below 2**31; got {num_sms!r}")
     longest = context_lens if context_lens.dim() == 1 else context_lens.max(dim=1).values

@@ -21,8 +21,8 @@ CheckFn = Callable[[ProviderSpec, str], str | None]
 #: rule's why) or None: a measured table's say (mqa_core.tuning.Tuning.choose).
 TuningFn = Callable[[str, str, "Problem | None", Sequence[str]], "tuple[str | None, str] | None"]
 
-_INSTALL_HINT = ("pip install mqa-provider-torch-ref (any arch), mqa-provider-gluon (NVIDIA/AMD GPUs) "
-                 "or mqa-provider-flydsl (AMD gfx942/gfx950)")
+_INSTALL_HINT = ("from a checkout of mqa-core, pip install ./providers/torch_ref (any arch), ./providers/gluon "
+                 "(NVIDIA/AMD GPUs) or ./providers/flydsl (AMD gfx942/gfx950)")
 
 
 def sort_key(spec: ProviderSpec) -> tuple[int, str, str]:
@@ -92,7 +92,7 @@ def _judge(spec: ProviderSpec, arch: str, op: str, pair: tuple[str, str] | None,
     if op not in spec.ops:
         return reject("op", f"declares ops {', '.join(sorted(spec.ops))}; asked for {op}")
     if not spec.serves_arch(arch):
-        return reject("arch", f"declares archs {', '.join(sorted(spec.archs))}; this system has {arch}")
+        return reject("arch", f"declares archs {', '.join(sorted(spec.archs))}; asked for {arch}")
     if pair is not None and pair not in declared:
         return reject("dtype", f"declares {format_pairs(declared) or 'no dtypes'} on {arch}; "
                                f"asked for {format_pairs([pair])}")

@@ -10,6 +10,7 @@ discovery (``discovery.unknown_names``).
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -35,6 +36,9 @@ ENV_VARS = {
                      "plainly launched kernels; docs/paged-op.md)",
     "MQA_TUNING": "FILE written by `mqa tune`: per shape bucket, the fastest measured usable provider is chosen",
 }
+
+#: Names under this prefix belong to the test suite's stand-ins and are not warned about.
+TEST_PREFIX = "MQA_TEST_"
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -106,6 +110,20 @@ PROVIDER_VARIABLES: dict[str, Callable[[str, str | None], object]] = {
     "MQA_TORCH_REF_MEMORY_MB": lambda var, text: parse_positive_number(var, text, 1.0),
     "MQA_GLUON_PDL": lambda var, text: parse_bool(var, text, default=True),
 }
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """One message per ``MQA_*`` variable set in ``env`` (``os.environ`` by default) that nothing reads,
+    naming the closest known one: a misspelt setting must not be silently ignored."""
+    env = os.environ if env is None else env
+    out = []
+    for name in sorted(env):
+        if not name.startswith("MQA_") or name in ENV_VARS or name.startswith(TEST_PREFIX):
+            continue
+        close = difflib.get_close_matches(name, list(ENV_VARS), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(ENV_VARS)}"
+        out.append(f"{name} is not a setting mqa-core or its providers read, so it changes nothing; {hint}")
+    return out
 
 
 def _provider_ref(text: str) -> str | None:

@@ -43,8 +43,20 @@ def _tensor(op: str, name: str, t: Any, dtypes: Sequence[str], shape: Sequence[i
     if dtype_name(t.dtype) not in dtypes:
         raise TypeError(f"{op}: {name} must be {want} {shape_text}; got {_desc(t)}")
     if t.dim() != len(shape) or any(s is not None and s != g for s, g in zip(shape, t.shape)):
-        raise ValueError(f"{op}: {name} must have shape {shape_text} = "
-                         f"{[('?' if s is None else s) for s in shape]}; got {_desc(t)}")
+        raise ValueError(f"{op}: {name} must have shape {_expected(shape, shape_text)}; got {_desc(t)}")
+
+
+def _expected(shape: Sequence[int | None], shape_text: str) -> str:
+    """The expected shape in words and, where the other arguments fix them, in sizes: ``[M, H, D]
+    (3 dimensions)``, ``[B, max_blocks] = [2, max_blocks]``, ``[N] = [83] or [N, 1] = [83, 1]``."""
+    alternatives = [a.strip() for a in shape_text.split(" or ")]
+    dims = [[n.strip() for n in a.strip("[]").split(",")] for a in alternatives]
+    if all(s is None for s in shape):
+        return f"{shape_text} ({len(shape)} dimension{'s' if len(shape) != 1 else ''})"
+    chosen = next((d for d in dims if len(d) == len(shape)), dims[-1])
+    known = {n: str(s) for s, n in zip(shape, chosen) if s is not None and not n.isdigit()}
+    return " or ".join(f"{a} = [{', '.join(known.get(n, n) for n in d)}]" if any(n in known for n in d) else a
+                       for a, d in zip(alternatives, dims))
 
 
 def _same_device(op: str, named: dict[str, "torch.Tensor"]) -> None:

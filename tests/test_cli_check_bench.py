@@ -105,7 +105,7 @@ def test_check_provider_for_another_arch_is_one_line(install_dist, monkeypatch: 
     r = _mqa("check", "--provider", "hopper_only", PYTHONPATH=str(site))
     assert r.returncode == 3 and r.stdout == "", r
     assert r.stderr.strip() == ("mqa: error: provider hopper_only (hopper-only==1.0, priority -5) cannot serve cpu: "
-                                "rejected [arch] declares archs sm_90; this system has cpu")
+                                "rejected [arch] declares archs sm_90; asked for cpu")
 
 
 def _version(name: str) -> str:
@@ -213,6 +213,24 @@ def test_paged_workload_runs_and_verifies() -> None:
     (row,) = rows
     assert row["status"] == "ok" and row["verified_against"] == "float64 oracle", row
     assert row["valid_pairs"] == 2 * (149 + 150) and row["calc_diff"] < 1e-9
+
+
+def test_peak_memory_is_a_column_where_the_device_counts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's peak-memory counter around the checked call (faked here: a CPU has none) becomes each
+    row's ``peak_mib`` and the table's ``peak MiB`` column; CPU rows hold None and the table omits it."""
+    from mqa_core.bench import runner
+
+    w = Workload(PAGED, Problem(2 * 2, 150, 8, 64), "decode", batch=2, next_n=2)
+    provider = provider_named("torch_ref", "cpu", op=PAGED)
+    args = ([w], ["torch_ref"], {("torch_ref", PAGED): provider}, torch.device("cpu"), "cpu")
+    (row,) = run_workloads(*args, warmup=0, repeat=1)
+    assert row["peak_mib"] is None and "peak MiB" not in report.table([row], ["torch_ref"], None)
+    allocated = iter([3 * 2**20])
+    monkeypatch.setattr(runner, "memory_mark", lambda device: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 7 * 2**20)
+    (row,) = run_workloads(*args, warmup=0, repeat=1)
+    text = report.table([row], ["torch_ref"], None)
+    assert row["peak_mib"] == 4.0 and "peak MiB" in text.splitlines()[0] and " 4.0" in text.splitlines()[1], text
 
 
 class _Doubled:

@@ -38,11 +38,19 @@ def test_paged_schedule_is_the_even_split_of_the_tiles(lens_2d, programs):
 def test_paged_schedule_says_what_is_wrong():
     with pytest.raises(TypeError, match="int32"):
         mqa_core.paged_schedule(torch.ones(3), 4)
-    with pytest.raises(TypeError, match="give num_sms"):
-        mqa_core.paged_schedule(torch.ones(3, dtype=torch.int32))
     with pytest.raises(TypeError, match="num_sms must be a positive int"):
         mqa_core.paged_schedule(torch.ones(3, dtype=torch.int32), 0)
     assert mqa_core.paged_schedule(torch.zeros(0, dtype=torch.int32), 3).tolist() == [[0, 0]] * 4
+
+
+def test_paged_schedule_works_on_the_cpu_without_num_sms():
+    """Issue 36 item 9: the README's decode example on a CPU. One program there (a hint the CPU's
+    providers do not read); the annotation says what comes back (item 15)."""
+    lens = torch.tensor([5, 130, 64], dtype=torch.int32)
+    assert mqa_core.paged_schedule(lens).tolist() == mqa_core.paged_schedule(lens, 1).tolist() == [[0, 0], [3, 0]]
+    # Typed (not Any); torch is imported lazily, so the annotations stay strings that
+    # typing.get_type_hints cannot resolve without importing torch (README says so).
+    assert mqa_core.paged_schedule.__annotations__["return"] == "torch.Tensor"
 
 
 @pytest.fixture

@@ -109,9 +109,12 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | 
     replay too (``mqa bench --graph``) add its ms and TFLOP/s: the device's time without the host."""
     rows = timed(rows)
     graph = any("graph_ms" in r for r in rows)
+    memory = any(r.get("peak_mib") is not None for r in rows)
     head = ["provider", "workload", "median ms", "p10-p90 ms", "TFLOP/s", "% fp8 peak"]
     if graph:
         head += ["graph ms", "graph TFLOP/s"]
+    if memory:
+        head.append("peak MiB")
     if baseline:
         head.append(f"vs {baseline}")
     lines = [head]
@@ -119,6 +122,7 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | 
         if r["status"] != "ok":
             cells = [r["provider"], r["workload"], r["status"].upper(), r.get("reason", "")[:60], "", ""]
             cells += ["", ""] if graph else []
+            cells += [""] if memory else []
         else:
             cells = [r["provider"], r["workload"], f"{r['ms_median']:.3f}",
                      f"{r['ms_p10']:.3f}-{r['ms_p90']:.3f}", tflops_text(r["tflops"]),
@@ -126,6 +130,8 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | 
             if graph:
                 g = r.get("graph_ms")
                 cells += ([f"{g:.3f}", tflops_text(r["graph_tflops"])] if g is not None else ["-", "-"])
+            if memory:
+                cells.append(_fmt(r.get("peak_mib"), ".1f"))
         if baseline:
             cells.append(_fmt(r.get("speedup"), ".2f", "x") if r["status"] == "ok" else "")
         lines.append(cells)
@@ -138,6 +144,8 @@ def table(rows: list[dict[str, Any]], providers: Sequence[str], baseline: str | 
             mine = [r.get("graph_tflops") or 0 for r in rows if r["provider"] == name and r["status"] == "ok"]
             g = geomean(mine)
             cells += ["", "-" if g is None else tflops_text(g)]
+        if memory:
+            cells.append("")
         if baseline:
             cells.append(_fmt(s["speedup_geomean"], ".2f", "x"))
         lines.append(cells)

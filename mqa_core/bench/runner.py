@@ -89,8 +89,10 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
                 ref_out, against = reference(w, sets[0], providers, arch)
                 against = against or "none"
             try:
+                base = memory_mark(device)
                 out = w.run(provider, sets[0])
                 sync(device)
+                row["peak_mib"] = peak_mib(device, base)
                 verdict = (compare(out, ref_out, clean=w.clean, against=against) if ref_out is not None
                            else Verdict(True, float("nan"), True, "none", "unverified: no reference here"))
                 del out
@@ -120,6 +122,24 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
+
+
+def memory_mark(device: torch.device) -> int | None:
+    """Start measuring the peak memory of the next call on ``device``: its allocated bytes now, the
+    peak counter reset (CUDA and ROCm); None where torch keeps no such counter (the CPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return int(torch.cuda.memory_allocated(device))
+
+
+def peak_mib(device: torch.device, mark: int | None) -> float | None:
+    """MiB the calls since :func:`memory_mark` held at their peak beyond what was allocated before
+    (the output included): the ``peak MiB`` column of ``mqa bench``."""
+    if mark is None:
+        return None
+    return (int(torch.cuda.max_memory_allocated(device)) - mark) / 2**20
 
 
 def timed_row(row: dict[str, Any], t: Timing, flops: float, peak: float | None) -> str:

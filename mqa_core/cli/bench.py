@@ -2,8 +2,9 @@
 
 Prints which provider serves this machine and why (the ``mqa explain`` table), then checks every
 provider's output on every workload against a reference, times the correct ones (progress on
-stderr), and prints one row per provider and workload plus geomeans. ``--json`` appends the rows to
-a JSON Lines file; ``--plot`` draws them.
+stderr), and prints one row per provider and workload plus geomeans; on a GPU each row also shows the
+memory its checked call held at its peak beyond the inputs (``peak MiB``, the output included).
+``--json`` appends the rows to a JSON Lines file; ``--plot`` draws them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import UserError, device_or_default, providers_for, shape_arg, timed_calls
+from .common import UserError, device_or_default, providers_for, refuse_named, shape_arg, timed_calls, writable_path
 
 EPILOG = """presets:
   quick    causal and full prefill, M=256 N=1024 H=32 D=128 (seconds on a CPU)
@@ -26,8 +27,13 @@ EPILOG = """presets:
            then the host's us per call (API, Provider, kernel object) on 128x2k, H=64. On a GPU also
            CUDA-graph replay (the device's time alone). On a CPU, add --scale 64.
 
+columns: median ms of the whole call, TFLOP/s (2*H*D per in-window pair), % of the device's fp8 peak;
+  with --graph the same from CUDA-graph replay; on a GPU, peak MiB (the checked call's peak memory
+  beyond its inputs, the output included); with --baseline, the speedup against that provider.
+
 examples:
   mqa bench                                   # quick preset, every provider usable here
+  mqa bench --preset engine --providers gluon,triton,deepgemm   # side by side with DeepGEMM (GPU)
   mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
   mqa bench --providers gluon,triton --shape 4096,16384,64,128
   mqa bench --providers gluon,triton --timing interleaved --shape 128,2048,64,128   # small shapes
@@ -145,8 +151,9 @@ def run(args: argparse.Namespace) -> int:
     if not _plot_possible(args):
         args.plot = None
     if args.from_json:
+        if args.plot:
+            writable_path("--plot", args.plot)
         return _replay(args)
-
 
     from ..api import explain
     from ..arch import arch_of_device
@@ -171,15 +178,19 @@ def run(args: argparse.Namespace) -> int:
         _progress("mqa bench: the engine preset at full size takes long on a CPU; --scale 64 keeps its "
                   "structure at a size that runs in seconds")
     ops = list(dict.fromkeys(w.op for w in work))
-
-    for op in ops:  # which provider serves this machine, and why, before any number
-        print(explain(arch, op=op), end="\n\n", flush=True)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            writable_path(option, path)
     names = ([n.strip() for n in args.providers.split(",") if n.strip()] if args.providers
              else usable_providers(arch, ops))
     if args.baseline and args.baseline not in names:
         names.append(args.baseline)
     if not names:
-        raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)}: see above")
+        raise UserError(f"no provider is usable on {device} ({arch}) for {', '.join(ops)} (`mqa explain` says why)")
+    refuse_named(names, arch, ops)  # one line, exit 2 or 3, before any table or measurement
+
+    for op in ops:  # which provider serves this machine, and why, before any number
+        print(explain(arch, op=op), end="\n\n", flush=True)
     providers = providers_for(names, ops, device, arch)
 
     name_of_device = report.device_name(device)

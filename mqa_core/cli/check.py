@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..names import printable
-from .common import UserError, add_json, device_or_default, emit
+from .common import UserError, add_json, device_or_default, emit, refuse_named
 
 
 def add_parser(sub: Any) -> None:
@@ -123,10 +123,8 @@ def _suite() -> str:
 def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbose: bool,
             quiet: bool, dtype: str | None = None, accumulation: str | None = None) -> tuple[int, _Outcomes]:
     """Run the kit in this process with a configuration of its own; returns pytest's exit code."""
-    try:
-        import pytest
-    except ImportError:
-        raise UserError("mqa check runs the kit with pytest: pip install pytest") from None
+    need_pytest()
+    import pytest
 
     outcomes = _Outcomes()
     with tempfile.TemporaryDirectory(prefix="mqa-check-") as tmp:
@@ -150,6 +148,19 @@ def run_kit(names: list[str], device: str, seed: int, keyword: str | None, verbo
         with contextlib.redirect_stdout(sink):
             code = pytest.main(argv, plugins=[outcomes])
     return int(code), outcomes
+
+
+#: What ``mqa check`` needs beyond the core: the kit runs under pytest (``mqa-core[check]``).
+CHECK_EXTRA = "pip install 'mqa-core[check]'"
+
+
+def need_pytest() -> None:
+    """UserError (exit 2) before anything runs when pytest, which the kit runs under, is missing."""
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        raise UserError(f"mqa check runs the conformance kit with pytest, which is not installed: {CHECK_EXTRA} "
+                        "(or pip install pytest)") from None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -179,35 +190,12 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def unusable(names: list[str], arch: str) -> list[str]:
-    """One line per named provider that cannot serve any op it declares on ``arch``: its decision row.
-
-    Raises UserError (exit 2) for a name that is not installed, ValueError (exit 2) for a bare name two
-    distributions claim. A name is judged as the kit runs it: under ``MQA_PROVIDER=name``, which also
-    picks one claimant of a name by ``distribution:name``.
-    """
-    from ..testing.providers import explain_with, installed_names, spec_named
-
-    lines = []
-    for name in names:
-        spec = spec_named(name)
-        if spec is None:
-            raise UserError(f"provider {name!r} is not installed; installed: {', '.join(installed_names()) or 'none'} "
-                            "(`mqa providers` lists them)")
-        rows = [explain_with(arch, op=op, MQA_PROVIDER=name).candidate(name) for op in sorted(spec.ops)]
-        if not any(c.accepted or c.code == "preference" for c in rows):
-            c = rows[0]
-            lines.append(f"provider {name} ({c.origin}, priority {c.priority}) cannot serve {arch}: "
-                         f"rejected [{c.code}] {c.reason}")
-    return lines
-
-
 def run(args: argparse.Namespace) -> int:
     from ..arch import arch_of_device
-    from ..errors import ProviderUnavailableError
     from ..testing.cases import parse_pair
     from ..testing.providers import usable_providers
 
+    need_pytest()
     device = device_or_default(args.device)
     arch = arch_of_device(device)
     if args.dtype:
@@ -215,9 +203,7 @@ def run(args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.provider)) or usable_providers(arch)
     if not names:
         raise UserError(f"no installed provider is usable on {device} ({arch}); `mqa explain` says why")
-    refused = unusable(names, arch)
-    if refused:
-        raise ProviderUnavailableError("\n".join(refused))
+    refuse_named(names, arch)
     seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     t0 = time.perf_counter()
     code, outcomes = run_kit(names, str(device), seed, args.keyword, args.verbose, quiet=args.json, dtype=args.dtype,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -22,8 +24,29 @@ class UserError(Exception):
     """A mistake in the command line or environment: printed to stderr without a traceback."""
 
 
+#: A value that starts like a negative number but is not one to argparse (``-1,256,32,128``).
+_DASH_VALUE = re.compile(r"-\d")
+
+
+def join_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--opt -1,2`` -> ``--opt=-1,2``: argparse reads a token that starts with '-' and is not a plain
+    number as an option, so ``--shape -1,256,32,128`` would fail with "expected one argument" instead
+    of saying what is wrong with the shape."""
+    out: list[str] = []
+    for token in argv:
+        prev = out[-1] if out else ""
+        if _DASH_VALUE.match(token) and prev.startswith("--") and "=" not in prev:
+            out[-1] = f"{prev}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose usage errors read like every other ``mqa`` error: one line, exit status 2."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        return super().parse_known_args(join_dash_values(sys.argv[1:] if args is None else args), namespace)
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -97,24 +120,57 @@ def timed_calls(args: argparse.Namespace, gpu: bool, *, gpu_repeat: int) -> tupl
     return warmup, args.repeat or (gpu_repeat if gpu else 5)
 
 
-def providers_for(names: Sequence[str], ops: Sequence[str], device: torch.device, arch: str
-                  ) -> dict[tuple[str, str], Provider]:
-    """(name, op) -> what an engine gets under ``MQA_PROVIDER=name``, for each op of ``ops`` the named
-    provider declares. UserError for a name that is not installed or an op it cannot serve here."""
-    from ..errors import ProviderUnavailableError
-    from ..testing.providers import provider_named, spec_named
+def writable_path(option: str, path: str) -> None:
+    """UserError (exit 2) now, before any measuring, when ``path`` cannot be written: its folder is
+    missing or not writable, or it is a folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{option} {path}: is a folder; give a file name")
+    if not os.path.isdir(folder):
+        raise UserError(f"{option} {path}: folder {folder} does not exist")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise UserError(f"{option} {path}: not writable here")
 
-    providers = {}
+
+def refuse_named(names: Sequence[str], arch: str, ops: Sequence[str] | None = None) -> None:
+    """Before anything runs: UserError (exit 2) for a name that is not installed, and
+    ProviderUnavailableError (exit 3), one line, for a provider that cannot serve any op of ``ops``
+    it declares (all of its ops when None) on ``arch``, with its own reason (not the preference's)."""
+    from ..errors import ProviderUnavailableError
+    from ..testing.providers import explain_with, installed_names, spec_named
+
+    refused = []
     for name in names:
         spec = spec_named(name)
         if spec is None:
-            raise UserError(f"provider {name!r} is not installed (see `mqa providers`)")
+            raise UserError(f"provider {name!r} is not installed; installed: {', '.join(installed_names()) or 'none'} "
+                            "(`mqa providers` lists them)")
+        wanted = sorted(spec.ops if ops is None else set(ops) & set(spec.ops))
+        # judged as it runs: under MQA_PROVIDER=name, which also picks one claimant by distribution:name
+        rows = [explain_with(arch, op=op, MQA_PROVIDER=name).candidate(name) for op in wanted]
+        for op, c in zip(wanted, rows):
+            if not (c.accepted or c.code == "preference"):
+                refused.append(f"provider {name} ({c.origin}, priority {c.priority}) cannot serve "
+                               + (f"{op} on " if ops is not None else "") + f"{arch}: rejected [{c.code}] {c.reason}")
+                break
+    if refused:
+        raise ProviderUnavailableError("; ".join(refused))
+
+
+def providers_for(names: Sequence[str], ops: Sequence[str], device: torch.device, arch: str
+                  ) -> dict[tuple[str, str], Provider]:
+    """(name, op) -> what an engine gets under ``MQA_PROVIDER=name``, for each op of ``ops`` the named
+    provider declares. Checked first by :func:`refuse_named` (exit 2 or 3, one line)."""
+    from ..testing.providers import provider_named, spec_named
+
+    refuse_named(names, arch, ops)
+    providers = {}
+    for name in names:
+        spec = spec_named(name)
+        assert spec is not None
         for op in ops:
             if op in spec.ops:
-                try:
-                    providers[(name, op)] = provider_named(name, arch, op=op)
-                except ProviderUnavailableError as exc:
-                    raise UserError(f"provider {name} cannot serve {op} on {device} ({arch}):\n{exc}") from None
+                providers[(name, op)] = provider_named(name, arch, op=op)
     return providers
 
 
@@ -131,9 +187,7 @@ def safe_lines(text: str) -> str:
 
 
 def fail(message: str, code: int = 2) -> int:
-    lines = [printable(line) for line in message.strip().split("\n")]
-    first = lines[0] if message.strip() else "failed"
-    print(f"mqa: error: {first}", file=sys.stderr)
-    for line in lines[1:]:  # a decision trace (exit 3) keeps its table; user errors are one line
-        print(line, file=sys.stderr)
+    """Print ``mqa: error: ...``, one printable line (the message's first), and return the exit status."""
+    first = message.strip().splitlines()[0] if message.strip() else "failed"
+    print(f"mqa: error: {printable(first)}", file=sys.stderr)
     return code

@@ -1,8 +1,8 @@
 """``mqa``: inspect, explain, check and benchmark fp8 MQA-logits providers.
 
-Every user error (bad arguments, a device this machine lacks, a bad ``MQA_*`` value) exits with
-status 2 and one line on stderr, never a traceback; "no provider can serve this" exits 3 with the
-decision trace.
+Every user error (bad arguments, a device this machine lacks, a bad ``MQA_*`` value, an output
+that cannot be written) exits with status 2 and one line on stderr, never a traceback, before any
+measuring; "no provider can serve this" exits 3, also in one line (``mqa explain`` prints the trace).
 """
 
 from __future__ import annotations
@@ -48,6 +48,21 @@ def _one_line_warning(message: Any, category: Any, filename: str, lineno: int, f
     print(text.replace("mqa: warning: mqa_core: ", "mqa: warning: "), file=sys.stderr)
 
 
+def unavailable_line(exc: ProviderUnavailableError) -> str:
+    """"Nothing can serve this" in one line: the decision's verdict, and the command that shows every
+    provider's reason (the trace itself is ``mqa explain``'s output, not an error message)."""
+    d = getattr(exc, "decision", None)
+    if d is None:
+        return str(exc).strip().splitlines()[0]
+    ask = f"--arch {d.arch} --op {d.op}"
+    if d.problem is not None:
+        ask += f" --shape {d.problem.m},{d.problem.n},{d.problem.h},{d.problem.d}"
+    if d.dtype is not None:
+        ask += f" --dtype {','.join(d.dtype)}"
+    where = f"{d.op} on {d.arch}" + (f" ({d.problem})" if d.problem is not None else "")
+    return f"no provider can serve {where}: {d.why} (mqa explain {ask} shows every provider's reason)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
@@ -65,8 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.device = resolve_device(args.device)
         module = importlib.import_module(f"{__package__}.{args.command}")
         return int(module.run(args))
-    except (UserError, ValueError, TypeError, PluginError, ProviderUnavailableError) as exc:
-        return fail(str(exc), 3 if isinstance(exc, ProviderUnavailableError) else 2)
+    except ProviderUnavailableError as exc:
+        return fail(unavailable_line(exc), 3)
+    except (UserError, ValueError, TypeError, PluginError) as exc:
+        return fail(str(exc), 2)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
     finally:

@@ -62,8 +62,11 @@ def render(data: dict[str, Any]) -> str:
                       "yes" if r["usable"] else f"no: {r['why_not']}") for r in data["providers"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
-    if not data["providers"]:
-        lines.append("(no provider installed: pip install mqa-provider-torch-ref)")
+    if not data["providers"] and data["skipped"]:
+        lines.append("(no provider loaded: MQA_PLUGINS leaves out every installed plugin: "
+                     f"{', '.join(data['skipped'])})")
+    elif not data["providers"]:
+        lines.append("(no provider installed: from a checkout of mqa-core, pip install ./providers/torch_ref)")
     # One line per description under the table; a name two distributions claim is spelled
     # distribution:name there, so each line says whose it is.
     claims = Counter(r["name"] for r in data["providers"])

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..spec import OPS, Problem
 from ..tuning import DEFAULT_MARGIN
-from .common import UserError, device_or_default, providers_for, timed_calls
+from .common import UserError, device_or_default, providers_for, timed_calls, writable_path
 
 if TYPE_CHECKING:
     import torch
@@ -476,6 +476,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--budget must be > 0 seconds")
     if not 0 <= args.margin < 1:
         raise UserError(f"--margin must be a fraction in [0, 1) (0.05 = 5%), got {args.margin:g}")
+    writable_path("--out", args.out)  # a table nobody can write must not cost the measurements first
     shapes = [TuneShape.parse(s) for s in args.shapes]
     preset = args.preset or ("quick" if not shapes else None)
     shapes = (PRESETS[preset]() if preset else []) + shapes
@@ -526,7 +527,10 @@ def run(args: argparse.Namespace) -> int:
                           "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)},
             "split": [str(b) for b in split]}
     table = build_table(shapes, names, results, current_stamp(device, dists), info, args.margin, split)
-    table.write(args.out)
+    try:
+        table.write(args.out)
+    except OSError as exc:
+        raise UserError(f"--out {args.out}: cannot write the table: {exc.strerror or exc}") from None
     if args.json:
         print(json.dumps(table.to_dict(), indent=1))
     else:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -119,6 +120,17 @@ def make_inputs(problem: Problem, *, device: Any = "cpu", window: str = "ragged"
     return Inputs(*(t.to(device) for t in (q, k, k_scale.contiguous(), weights, ks, ke)))
 
 
+def make_prefill_inputs(m: int, n: int, h: int, d: int = 128, *, window: str = "causal", device: Any = "cpu",
+                        dtype: torch.dtype = torch.float8_e4m3fn, seed: int | None = 0) -> Inputs:
+    """Random arguments of one prefill call: M query tokens against N keys, H heads of dimension D.
+
+    ``window`` is one of :data:`WINDOWS` (``causal``: the last M of N tokens, each seeing its prefix;
+    ``full``; ``chunk``; ``ragged``). ``inputs.args()`` is what the op takes, ``inputs.reference()``
+    the float64 oracle's logits.
+    """
+    return make_inputs(Problem(m, n, h, d), device=device, window=window, dtype=dtype, seed=seed)
+
+
 @dataclass(frozen=True)
 class PagedInputs:
     """One decode call's arguments: q [B, next_n, H, D], the paged cache and its tables.
@@ -163,6 +175,56 @@ def paged_cache(values: torch.Tensor, scales: torch.Tensor, *, pad_bytes: int = 
     pool = torch.full((blocks, width + pad_bytes), 0xFF, dtype=torch.uint8, device=device or values.device)
     pool[:, :width] = body.to(pool.device)
     return pool[:, :width].view(blocks, block_size, 1, d + 4)
+
+
+class PagedCache(NamedTuple):
+    """A paged cache and what indexes it: what ``fp8_paged_mqa_logits`` takes after q and weights."""
+
+    kv_cache: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    max_context_len: int
+
+
+def pack_paged_cache(keys: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], *, block_size: int = 64,
+                     device: Any = None) -> PagedCache:
+    """Pack each sequence's keys into DeepGEMM's paged layout (docs/paged-op.md).
+
+    ``keys[b]`` is sequence b's ``[L_b, D]`` fp8 keys, ``scales[b]`` its ``[L_b]`` (or ``[L_b, 1]``)
+    float32 scales. Sequence b gets ``ceil(L_b / block_size)`` blocks of its own, in order; a block's
+    unused tail is zero. Returns the cache ``[num_blocks, block_size, 1, D + 4]`` uint8, ``context_lens``
+    ``[B]`` int32 (``L_b``), ``block_tables`` ``[B, max_blocks]`` int32 (unused entries 0) and
+    ``max_context_len`` (the longest ``L_b``), on ``device`` (default: the keys').
+    """
+    if not keys or len(keys) != len(scales):
+        raise ValueError(f"pack_paged_cache: give one scales tensor per keys tensor, at least one; got "
+                         f"{len(keys)} keys and {len(scales)} scales")
+    d, dtype = keys[0].shape[-1], keys[0].dtype
+    for b, (k, sc) in enumerate(zip(keys, scales)):
+        if k.dim() != 2 or k.shape[1] != d or k.dtype != dtype or k.element_size() != 1:
+            raise ValueError(f"pack_paged_cache: keys[{b}] must be fp8 [L, {d}] like keys[0]; got "
+                             f"{str(k.dtype).removeprefix('torch.')} {list(k.shape)}")
+        if sc.dtype != torch.float32 or sc.reshape(-1).shape[0] != k.shape[0] or sc.numel() != k.shape[0]:
+            raise ValueError(f"pack_paged_cache: scales[{b}] must be float32 [{k.shape[0]}] or [{k.shape[0]}, 1]; "
+                             f"got {str(sc.dtype).removeprefix('torch.')} {list(sc.shape)}")
+    device = keys[0].device if device is None else device
+    lengths = [int(k.shape[0]) for k in keys]
+    counts = [-(-n // block_size) for n in lengths]
+    blocks = max(1, sum(counts))
+    values = torch.zeros(blocks * block_size, d, dtype=torch.uint8)
+    flat_scales = torch.zeros(blocks * block_size, dtype=torch.float32)
+    tables = torch.zeros(len(keys), max(1, max(counts)), dtype=torch.int32)
+    first = 0
+    for b, (k, sc, count) in enumerate(zip(keys, scales, counts)):
+        start = first * block_size
+        values[start:start + k.shape[0]] = k.detach().cpu().view(torch.uint8)
+        flat_scales[start:start + k.shape[0]] = sc.detach().cpu().reshape(-1)
+        tables[b, :count] = torch.arange(first, first + count, dtype=torch.int32)
+        first += count
+    cache = paged_cache(values.view(dtype).reshape(blocks, block_size, d),
+                        flat_scales.reshape(blocks, block_size), device=device)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return PagedCache(cache, lens, tables.to(device), max(lengths))
 
 
 def make_paged_inputs(batch: int, next_n: int, h: int, d: int, max_context_len: int, *,

@@ -56,7 +56,7 @@ def test_explain_lists_deepgemm_with_its_reason_when_absent(capsys):
 def test_other_archs_say_why(deep_gemm, arch):
     deep_gemm("fp8_fp4")
     c = mqa_core.explain(arch).candidate("deepgemm")
-    assert (c.code, c.reason) == ("arch", f"declares archs sm_100, sm_90; this system has {arch}")
+    assert (c.code, c.reason) == ("arch", f"declares archs sm_100, sm_90; asked for {arch}")
 
 
 @pytest.mark.parametrize("generation, says", [

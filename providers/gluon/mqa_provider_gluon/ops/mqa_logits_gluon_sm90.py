@@ -17,7 +17,7 @@ Kernels (both share one epilogue):
   first half's epilogue overlaps the second half's MMA. Options: ``filler`` (a one-warp partition writes
   the -inf tiles while the math warpgroups compute), ``dynamic`` (items drawn from a grid-wide counter
   instead of the snake order), ``split`` (how rows' key tiles are cut into items). Without a config,
-  :func:`shape_config` picks them from (M, N, H) (bench/notes_gluon.md, round 3).
+  :func:`shape_config` picks them from (M, N, H) (cb9ff2b:bench/notes_gluon.md, round 3).
 
 Work split (non-persistent kernels): the grid is (key chunk, query block); a CTA handles CHUNK key
 tiles of one query block and exits early when the chunk misses every window of the block, so the
@@ -52,7 +52,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "loader_regs": 40,  # registers per thread of the loader partition (ws only)
     "maxnreg": None,  # kernel-wide register cap (ws only; the default partition gets what is left)
     # persistent warp-specialised kernel (grid = #SMs; ws must be True): the fastest measured on the
-    # H200 (bench/notes_gluon.md, 2026-12-02: 850-968 TF/s against 759-838 for the best non-persistent)
+    # H200 (cb9ff2b:bench/notes_gluon.md, 2026-12-02: 850-968 TF/s against 759-838 for the best non-persistent)
     "persistent": True,
     "banks": 2,  # persistent only: the tile's wgmma as 2 async halves (queries split) or 1
     # persistent only: how each query block's key tiles are cut into work items. "items": the fewest
@@ -1152,7 +1152,7 @@ SMALL_CONFIG: tuple[tuple[str, Any], ...] = (("filler", True), ("split", "balanc
 LARGE_CONFIG: tuple[tuple[str, Any], ...] = ()
 #: A large call whose default ("items") split leaves the busiest program this far above the mean (a
 #: partial last round of long items) takes the balanced split instead. On the H200 (2026-12-03,
-#: bench/README.md round 7) gluon ran suffix 1500 x 40000 at H=32 14% behind DeepGEMM: 564 items of 209
+#: cb9ff2b:bench/README.md, round 7) gluon ran suffix 1500 x 40000 at H=32 14% behind DeepGEMM: 564 items of 209
 #: tiles over 132 SMs, 5 rounds with 36 programs busy in the last (1.17x the mean); the balanced split
 #: makes 1316 items of 90 tiles, 1.003x. The packed and square large shapes sit at <= 1.10 and keep
 #: their measured config.

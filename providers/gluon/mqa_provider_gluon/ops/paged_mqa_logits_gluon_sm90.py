@@ -2,7 +2,7 @@
 
 Why a second paged kernel: the Triton kernel (``paged_mqa_logits_triton``) needs several programs per
 SM to keep enough cache bytes in flight, because each program waits for its own loads in order;
-fewer, longer programs or deeper rings lose (bench/README.md, round 6). Here one CTA per SM keeps the
+fewer, longer programs or deeper rings lose (cb9ff2b:bench/README.md, round 6). Here one CTA per SM keeps the
 memory system busy by itself:
 
 - a one-warp **loader** runs ahead through the block table: per 64-token tile one TMA copy of the
@@ -39,7 +39,7 @@ two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`uns
 call is outside it; the provider then serves the call with the Triton kernel. The provider sends a
 call here only for the classes in :data:`MEASURED_AHEAD`: next_n in (1, 2) with H in (32, 64), each
 measured ahead of the Triton kernel on the H200 once this build's GPU tests passed there
-(bench/README.md, rounds 9 and 10).
+(cb9ff2b:bench/README.md, rounds 9 and 10).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class GluonPagedConfig:
 
     stages: int = 8
     #: Math warpgroups (2 or 4): tiles go round-robin to them, so this many epilogues are in flight.
-    #: Four measured ahead at every shape class (bench/README.md, round 9).
+    #: Four measured ahead at every shape class (cb9ff2b:bench/README.md, round 9).
     math_wgs: int = 4
     #: Registers per thread of the math partitions but the default one, of the loader and of the
     #: filler; None: 232 / 40 / 40 with two math warpgroups, 112 / 24 / 24 with four (what the register
@@ -98,7 +98,7 @@ class GluonPagedConfig:
     #: every thread, then sit in a deeper ring (``stages + math_wgs`` slots, rounded up to a power of
     #: two), so the slot a tile reads them from is rewritten only after the warpgroup's next tile
     #: started, behind the barrier before that tile's wait. 0: a warpgroup barrier (``bar.sync``), then
-    #: the release, per tile (round 16's kernel). Alone it measured neutral (bench/README.md, round 17).
+    #: the release, per tile (round 16's kernel). Alone it measured neutral (cb9ff2b:bench/README.md, round 17).
     release: int = 1
     #: 1: the rings' barriers are set up by the default math warpgroup once the partitions have started,
     #: published with the split (``split_ready``), while the loader reads its range, lengths and first
@@ -122,7 +122,7 @@ class GluonPagedConfig:
 
 
 #: The engine's choice of launch mode: "1" (default) PDL with the trigger, "0" a plain launch. Which is
-#: faster depends on the kernels around the op (bench/README.md, round 15): with PDL-launched
+#: faster depends on the kernels around the op (cb9ff2b:bench/README.md, round 15): with PDL-launched
 #: neighbours PDL wins (B=32, 4k: 1.04-1.11x DeepGEMM against 0.92-0.94), beside plainly launched
 #: ones the plain launch does (0.91-0.94 against 0.89-0.92).
 PDL_VARIABLE = "MQA_GLUON_PDL"
@@ -1054,12 +1054,12 @@ def _usable(schedule: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | No
 
 #: (next_n, H) classes where this kernel was measured ahead of the Triton kernel on the H200 (ragged
 #: batches, graph replay, bench/h200_decode_vs_deepgemm.py: ahead on all 36 shapes, 0.95-0.96x
-#: DeepGEMM per class against the Triton kernel's 0.83-0.93x; bench/README.md, round 10); the provider
+#: DeepGEMM per class against the Triton kernel's 0.83-0.93x; cb9ff2b:bench/README.md, round 10); the provider
 #: sends the others to Triton.
 MEASURED_AHEAD: frozenset[tuple[int, int]] = frozenset({(1, 32), (1, 64), (2, 32), (2, 64)})
 #: Fewest sequences a call sends here: one sequence fills at most a few dozen tiles, one per CTA, and
 #: then the Triton kernel's shorter start wins (B = 1, 6k context, graph replay: 5.3 vs 5.6 us at H = 32,
-#: 5.5 vs 5.7 at H = 64; even at B = 8, 1k; ahead from B = 24; bench/README.md, round 11).
+#: 5.5 vs 5.7 at H = 64; even at B = 8, 1k; ahead from B = 24; cb9ff2b:bench/README.md, round 11).
 MIN_BATCH = 2
 #: Call signatures that :func:`fp8_paged_mqa_logits_sm90` sends to the Triton kernel.
 _TRITON_ROUTE: set[tuple[Any, ...]] = set()

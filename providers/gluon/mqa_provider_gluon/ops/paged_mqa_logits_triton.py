@@ -140,7 +140,7 @@ def default_config(arch: str, block_size: int, next_n: int = 1, h: int = 64) -> 
 
 #: (next_n, H class) -> the variant with the best graph-replay time against DeepGEMM on ragged
 #: batches (B 32-256, contexts 4k-64k spread between half and full): from the H200 runs of
-#: 2026-12-02, bench/results/2026-12-02-h200-decode-vs-deepgemm-v1.log (base/rows/tma/noprefetch/deep)
+#: 2026-12-02, cb9ff2b:bench/results/2026-12-02-h200-decode-vs-deepgemm-v1.log (base/rows/tma/noprefetch/deep)
 #: and -v2.log (tma/rows/pipe/pipetma/piperows, 288/288 checks ok). ``tma`` leads or ties at
 #: next_n = 1 (geomean 0.94x / 0.93x DeepGEMM at H = 32 / 64) and next_n = 2, H = 32 (0.91x, level
 #: with ``pipe``); at next_n = 2, H = 64 the pipelined loop ``pipe`` (0.84x) is well ahead of ``rows``

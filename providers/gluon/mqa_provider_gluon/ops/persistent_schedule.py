@@ -3,7 +3,7 @@ what each computes and fills.
 
 It mirrors ``_p_rounds``, ``_p_item`` and ``_p_tiles`` of ``mqa_logits_gluon_sm90`` line for line, so
 the launcher's split rules can be checked on the CPU (every cell computed or filled exactly once) and
-their balance modelled per shape (``bench/gluon_schedule.py``). Times are in key tiles: one
+their balance modelled per shape (``git show cb9ff2b:bench/gluon_schedule.py``). Times are in key tiles: one
 [64 keys, BQ*H columns] wgmma plus its epilogue, about 0.55 us at H=64 and 0.62 us at H=32 on an
 H200 (fitted to the 2026-12-02 engine run; see the bench script).
 """
