@@ -47,8 +47,9 @@ from typing import Any, TypeVar
 from . import validate
 from .spec import Pair, Problem, ProviderSpec, dtype_name
 
-__all__ = ["MAX_SIGNATURES", "MQA", "PAGED", "CallTable", "Op", "Signature", "mqa_problem", "mqa_recall",
-           "output_check", "paged_problem", "paged_recall", "remember"]
+__all__ = ["LOGITS_DTYPES", "MAX_SIGNATURES", "MQA", "MQA_BF16", "PAGED", "PAGED_BF16", "CallTable", "Op", "Signature",
+           "logits_dtype_name", "mqa_problem", "mqa_recall", "output_check", "paged_problem", "paged_recall",
+           "remember", "with_logits_dtype"]
 
 #: The most signatures one table remembers (engines send a handful of shapes per op).
 MAX_SIGNATURES = 1024
@@ -251,15 +252,59 @@ class Op:
     #: kernel function receives only where it names them (and the call gives one, not None), as pluggy
     #: passes a hook only the arguments it takes.
     hint_names: tuple[str, ...] = ()
+    #: The logits' dtype, as torch names it, where it is not float32 (None: float32, the ops' default).
+    #: Such a variant of an op is an op of its own here: its own memo tables, and its ``args`` end with
+    #: the torch dtype, which a kernel function receives as the hint ``logits_dtype`` where it names it.
+    logits_dtype: str | None = None
     #: The name of the kernel object's optional ``prepare_<op>`` function (set from ``name``; a field, not
     #: a property: the per-call path reads it).
     prepare: str = field(init=False)
+    #: What a provider keys its per-function facts by (``name``, or ``name[dtype]`` for a variant), and
+    #: the same for the prepare function.
+    key: str = field(init=False)
+    prepare_key: str = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prepare", f"prepare_{self.name}")
+        suffix = f"[{self.logits_dtype}]" if self.logits_dtype else ""
+        object.__setattr__(self, "key", self.name + suffix)
+        object.__setattr__(self, "prepare_key", self.prepare + suffix)
+
+
+#: The logits dtypes the ops produce (torch's names): float32 (the default) and bfloat16.
+LOGITS_DTYPES = ("float32", "bfloat16")
+
+
+def logits_dtype_name(dtype: Any, op: str) -> str:
+    """``torch.bfloat16`` (or its name) -> ``"bfloat16"``; TypeError naming the op for anything else
+    than the dtypes of :data:`LOGITS_DTYPES`."""
+    name = dtype_name(dtype) if dtype is not None else "float32"
+    if name not in LOGITS_DTYPES:
+        raise TypeError(f"{op}: logits_dtype must be torch.float32 or torch.bfloat16; got {dtype!r}")
+    return name
+
+
+def with_logits_dtype(op: Op, dtype: str) -> Op:
+    """``op`` producing ``dtype`` logits: the same checks and signatures (its tables are its own, so
+    the dtype need not enter them), ``args`` one longer (the torch dtype, passed as the hint
+    ``logits_dtype``)."""
+    base_recall, base_check, n = op.recall, op.check, op.positional + len(op.hint_names)
+
+    def recall(table: Any, *a: Any) -> tuple[Signature | None, Any]:
+        return base_recall(table, *a[:n], a[-1])
+
+    def check(*a: Any, **kw: Any) -> Problem:
+        return base_check(*a[:n], a[-1], **kw)
+
+    return replace(op, recall=recall, check=check, hint_names=(*op.hint_names, "logits_dtype"),
+                   logits_dtype=dtype)
 
 
 MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5)
 PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, 6, ("schedule",))
+MQA_BF16 = with_logits_dtype(MQA, "bfloat16")
+PAGED_BF16 = with_logits_dtype(PAGED, "bfloat16")
 #: The ops by name (``mqa_core.spec.OPS`` lists the names a spec may declare).
 OP_BY_NAME = {MQA.name: MQA, PAGED.name: PAGED}
+#: Every variant of each op, by name: what a provider reads its kernel object's functions for.
+VARIANTS = {MQA.name: (MQA, MQA_BF16), PAGED.name: (PAGED, PAGED_BF16)}

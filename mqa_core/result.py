@@ -31,24 +31,42 @@ def _fail(spec: ProviderSpec, op: str, text: str) -> ProviderResultError:
     return ProviderResultError(f"{_who(spec, op)}: {text}", spec.name, spec.distribution)
 
 
-def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> None:
-    """Type torch.Tensor, dtype float32, shape [m, n], on ``device``, last dim contiguous, row
-    stride >= n. Raises ProviderResultError saying what was expected and what came back."""
+def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device,
+                 dtype: torch.dtype = _F32) -> None:
+    """Type torch.Tensor, dtype ``dtype`` (float32 unless the call asked for other logits), shape
+    [m, n], on ``device``, last dim contiguous, row stride >= n. Raises ProviderResultError saying
+    what was expected and what came back."""
     if type(out) is _Tensor or isinstance(out, _Tensor):
-        if out.dtype is _F32 and out.shape == (m, n) and out.device == device:
+        if out.dtype is dtype and out.shape == (m, n) and out.device == device:
             s0, s1 = out.stride()
             if (s1 == 1 or n <= 1) and (s0 >= n or m <= 1):
                 return
-    raise _mismatch(out, spec, op, m, n, device)
+    raise _mismatch(out, spec, op, m, n, device, dtype)
 
 
-def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> ProviderResultError:
-    expected = f"a float32 torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
+def conform_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device, dtype: str,
+                   round_here: bool) -> torch.Tensor:
+    """The logits of a call that asked for ``dtype`` (a torch name: ``"bfloat16"``), checked as
+    :func:`check_logits` does. ``round_here``: the kernel does not write that dtype itself (its op
+    function does not name ``logits_dtype``), so its float32 logits, once they pass the float32 check,
+    are rounded to ``dtype`` here (round to nearest even; -inf stays -inf), a copy of [m, n]."""
+    want = getattr(torch, dtype)
+    if round_here:
+        check_logits(out, spec, op, m, n, device)
+        return out.to(want)
+    check_logits(out, spec, op, m, n, device, want)
+    return out
+
+
+def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device,
+              dtype: torch.dtype = _F32) -> ProviderResultError:
+    name = str(dtype).removeprefix("torch.")
+    expected = f"a {name} torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
     if not isinstance(out, _Tensor):
         return _fail(spec, op, f"expected {expected}; got {type(out).__module__}.{type(out).__qualname__}")
     wrong = []
-    if out.dtype != _F32:
-        wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected float32)")
+    if out.dtype != dtype:
+        wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected {name})")
     if tuple(out.shape) != (m, n):
         wrong.append(f"shape {list(out.shape)} (expected [{m}, {n}])")
     if out.device != device:

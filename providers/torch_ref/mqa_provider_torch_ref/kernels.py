@@ -68,13 +68,14 @@ class TorchRefKernels:
 
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                        weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
-                       *, clean_logits: bool = True) -> torch.Tensor:
+                       *, clean_logits: bool = True, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Exact float32 logits, rounded once to ``logits_dtype`` (bfloat16: as each chunk is stored)."""
         k, k_scale = kv
         k_scale = k_scale.reshape(-1).float()
         m, h, d = q.shape
         n = k.shape[0]
         # -inf everywhere first: out-of-window cells are -inf (clean) and never NaN (not clean).
-        out = torch.full((m, n), float("-inf"), dtype=torch.float32, device=q.device)
+        out = torch.full((m, n), float("-inf"), dtype=logits_dtype, device=q.device)
         if m == 0 or n == 0:
             return out
         ks = cu_seqlen_ks.long().clamp(0, n)
@@ -92,13 +93,13 @@ class TorchRefKernels:
 
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor,
-                             max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+                             max_context_len: int, *, clean_logits: bool = True,
+                             logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Per sequence, keys gathered through the block table in column chunks. Strided page pools
         are read in place (views, no copy of the pool); 2-D lengths may take any values; a position
         whose block id is outside [0, num_blocks) is -inf and its block is never read."""
         b, next_n, h, d = q.shape
-        out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float32,
-                         device=q.device)
+        out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=logits_dtype, device=q.device)
         if out.numel() == 0 or kv_cache.shape[0] == 0:
             return out
         values, scales = split_paged_cache(kv_cache)
