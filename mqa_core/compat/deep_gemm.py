@@ -129,7 +129,7 @@ def _compressed(q: Any, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Te
     for r0 in range(0, m, rows):
         r1 = min(m, r0 + rows)
         s, e = ks[r0:r1].long()[:, None], ke[r0:r1].long()[:, None]
-        part = (q[0][r0:r1], q[1][r0:r1]) if isinstance(q, tuple) else q[r0:r1]
+        part: Any = (q[0][r0:r1], q[1][r0:r1]) if isinstance(q, tuple) else q[r0:r1]
         full = mqa_core.fp8_mqa_logits(part, kv, weights[r0:r1], ks[r0:r1], ke[r0:r1],
                                        clean_logits=False, logits_dtype=logits_dtype)
         pos = s + j
