@@ -577,7 +577,7 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
             r = _head_sum(acc, w_row, NEXT_N, H)
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
+            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")).to(rows.dtype.element_ty), mask=p2 < max_ctx)
             if TRACE:
                 spent = _account(spent, c0, c1, c2, _tick(idl))
         mbarrier.arrive(q_empty.index(qs), count=1)
@@ -605,7 +605,7 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
     """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
     lay: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
     offs = gl.arange(0, 64, layout=lay)
-    ninf = gl.full([64], float("-inf"), gl.float32, lay)
+    ninf = gl.full([64], float("-inf"), out_ptr.dtype.element_ty, lay)
     t_max = gl.cdiv(max_ctx, 64)
     fa, fta, fb, ftb, fv_end = _get_range(split, split_ready, 6, lay)
     for v in range(fa, fv_end):
@@ -874,13 +874,14 @@ _LAUNCHES_MAX = 256
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
                tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None,
-               ptrs: tuple[int, ...], presplit: bool = False) -> tuple[Any, ...]:
+               ptrs: tuple[int, ...], presplit: bool = False,
+               logits_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
     """What the compiled kernel and its launch depend on: device, dtypes, sizes but B and the pool's
     block count, every stride (Triton specialises the stride arguments), the five pointers' 16-byte
     residues (``ptrs``: q, pool, weights, lengths, tables), the clean mode and the config."""
     return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(), weights.stride(),
             weights.dtype, lens.dtype, lens.dim(), lens.stride(), tables.dtype, tables.stride(), clean, cfg, presplit,
-            (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 and residues(ptrs))
+            (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 and residues(ptrs), logits_dtype)
 
 
 def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
@@ -889,20 +890,21 @@ def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: 
 
 
 def _tail(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor,
-          max_context_len: int) -> tuple[Any, ...]:
+          max_context_len: int, logits_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
     """The kernel's arguments after the output pointer (B ... the constexprs), in parameter order."""
     nb, bs = kv_cache.shape[:2]
     return (q.shape[0], max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides,
-            _row(max_context_len), *launch.constexprs)
+            _row(max_context_len, logits_dtype.itemsize), *launch.constexprs)
 
 
 def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, ptrs: tuple[int, ...],
-         size: tuple[int, int], index: int | None, tail: tuple[Any, ...], sched: int = 0) -> torch.Tensor:
+         size: tuple[int, int], index: int | None, tail: tuple[Any, ...], sched: int = 0,
+         logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
     the output (``size``), hand the pointers (``ptrs``, as :func:`_ptrs`), the cached descriptor
     encodings and ``tail`` (:func:`_tail`) to the bound launcher; ``sched``: the schedule table's
     address (0: none, the lengths' address goes in its place)."""
-    out = _new_output(size[0], size[1], weights)
+    out = _new_output(size[0], size[1], weights, logits_dtype)
     bound = launch.bound
     b, nb = tail[0], tail[3]
     # keyed per tensor (an engine's q, weights and per-layer pools combine into many more triples)
@@ -914,20 +916,27 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     return out
 
 
-def _new_output(m: int, n: int, weights: torch.Tensor) -> torch.Tensor:
-    """[m, n] fp32 on the weights' device, with the Triton kernel's row stride (``_row``). The weights
-    are float32 here (:func:`unsupported`), so their ``new_empty_strided`` is ``torch.empty_strided(...,
-    dtype=float32, device=...)`` without parsing either argument; every output of this module comes
-    from here (the tests poison it)."""
-    return weights.new_empty_strided((m, n), (_row(n), 1))
+def _new_output(m: int, n: int, weights: torch.Tensor, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[m, n] logits on the weights' device, with the Triton kernel's row stride (``_row``). The weights
+    are float32 here (:func:`unsupported`), so for float32 logits their ``new_empty_strided`` is
+    ``torch.empty_strided(..., dtype=float32, device=...)`` without parsing either argument; every output
+    of this module comes from here (the tests poison it)."""
+    if logits_dtype is _F32:
+        return weights.new_empty_strided((m, n), (_row(n), 1))
+    return weights.new_empty_strided((m, n), (_row(n, logits_dtype.itemsize), 1), dtype=logits_dtype)
+
+
+_F32 = torch.float32
 
 
 def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
                                clean_logits: bool = True, *, config: GluonPagedConfig | None = None,
-                               schedule: torch.Tensor | None = None) -> torch.Tensor:
+                               schedule: torch.Tensor | None = None,
+                               logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The paged op (contract of ``fp8_paged_mqa_logits_triton``) on this kernel: ``[B * next_n,
-    max_context_len]`` float32, rows padded to 16 floats. Raises ValueError with :func:`unsupported`'s
+    max_context_len]`` of ``logits_dtype`` (bfloat16: rounded to nearest as stored), rows padded to 64
+    bytes. Raises ValueError with :func:`unsupported`'s
     reason outside its scope. The first call of a signature compiles and binds the launch; later ones
     allocate the output and launch (descriptors encoded once per pointer and size). ``schedule``: a
     precomputed split (:func:`schedule_unsupported` says what it must be), read instead of worked out."""
@@ -938,9 +947,9 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
             raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs,
-                     schedule is not None)
+                     schedule is not None, logits_dtype)
     return _call(_LAUNCHES.get(key), key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                 clean_logits, config, schedule)
+                 clean_logits, config, schedule, logits_dtype)
 
 
 def schedule_unsupported(schedule: torch.Tensor, device: torch.device) -> str | None:
@@ -960,20 +969,20 @@ def schedule_unsupported(schedule: torch.Tensor, device: torch.device) -> str | 
 def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q: torch.Tensor,
           kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
           max_context_len: int, clean_logits: bool, config: GluonPagedConfig | None,
-          schedule: torch.Tensor | None = None) -> torch.Tensor:
+          schedule: torch.Tensor | None = None, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """:func:`fp8_paged_mqa_logits_gluon` once its signature ``key`` (with ``launch``, what
     ``_LAUNCHES`` holds for it) is known: the bound launch, or the checks, Triton's launch and binding."""
     if launch is not None and launch.bound and not hooks_active() and q.shape[0] and max_context_len \
             and kv_cache.shape[0]:
         return _run(launch, q, kv_cache, weights, ptrs, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
-                    _tail(launch, q, kv_cache, block_tables, max_context_len),
-                    0 if schedule is None else schedule.data_ptr())
+                    _tail(launch, q, kv_cache, block_tables, max_context_len, logits_dtype),
+                    0 if schedule is None else schedule.data_ptr(), logits_dtype)
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     b, next_n, h, d = q.shape
     nb, bs = kv_cache.shape[:2]
-    out = _new_output(b * next_n, max_context_len, weights)
+    out = _new_output(b * next_n, max_context_len, weights, logits_dtype)
     if out.numel() == 0:
         return out
     if nb == 0:
@@ -1017,6 +1026,7 @@ class PreparedCall:
     #: The launch reads a schedule: calls of this signature come with one that :func:`schedule_unsupported`
     #: accepts (mqa-core's signature holds the schedule's layout); without, a call given one ignores it.
     scheduled: bool = False
+    logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, schedule: torch.Tensor | None = None) -> torch.Tensor:
@@ -1025,25 +1035,26 @@ class PreparedCall:
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
-                                              self.clean_logits, schedule=_usable(schedule, q))
+                                              self.clean_logits, schedule=_usable(schedule, q),
+                                              logits_dtype=self.logits_dtype)
         return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail,
-                    schedule.data_ptr() if self.scheduled else 0)
+                    schedule.data_ptr() if self.scheduled else 0, self.logits_dtype)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
-            scheduled: bool = False) -> PreparedCall | None:
+            scheduled: bool = False, logits_dtype: torch.dtype = torch.float32) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one (default config; ``scheduled``: calls come
     with a schedule this kernel reads) once a call of its signature has bound a launch, else None (also
     for an empty output or pool: the full path handles those)."""
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                                      ptrs, scheduled))
+                                      ptrs, scheduled, logits_dtype))
     if launch is None or not launch.bound or not (q.shape[0] and max_context_len and kv_cache.shape[0]):
         return None
     return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
-                        _tail(launch, q, kv_cache, block_tables, max_context_len), max_context_len,
-                        bool(clean_logits), residues(ptrs), scheduled)
+                        _tail(launch, q, kv_cache, block_tables, max_context_len, logits_dtype), max_context_len,
+                        bool(clean_logits), residues(ptrs), scheduled, logits_dtype)
 
 
 def _usable(schedule: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
@@ -1080,37 +1091,41 @@ def _batch_here(q: torch.Tensor) -> bool:
 
 def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                               context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
-                              clean_logits: bool = True, schedule: torch.Tensor | None = None) -> torch.Tensor:
+                              clean_logits: bool = True, schedule: torch.Tensor | None = None,
+                              logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ``gluon`` provider's paged op on sm_90: this kernel where :func:`serves` (decided once per
     call signature), with ``schedule`` where it can read it, else the Triton kernel (which reads none)."""
     clean_logits = bool(clean_logits)
     if not _batch_here(q):
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                           clean_logits)
+                                           clean_logits, logits_dtype=logits_dtype)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     schedule = _usable(schedule, q)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, schedule is not None)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, schedule is not None,
+                     logits_dtype)
     launch = _LAUNCHES.get(key)
     if launch is None and (key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables)):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
             _TRITON_ROUTE.clear()
         _TRITON_ROUTE.add(key)
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                           clean_logits)
+                                           clean_logits, logits_dtype=logits_dtype)
     return _call(launch, key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
-                 None, schedule)
+                 None, schedule, logits_dtype)
 
 
 def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
-                 schedule: torch.Tensor | None = None) -> Any:
+                 schedule: torch.Tensor | None = None, logits_dtype: torch.dtype = torch.float32) -> Any:
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
     scheduled = _usable(schedule, q) is not None
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                     _ptrs(q, kv_cache, weights, context_lens, block_tables), scheduled)
+                     _ptrs(q, kv_cache, weights, context_lens, block_tables), scheduled, logits_dtype)
     if key in _TRITON_ROUTE or not _batch_here(q):
-        return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
-    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, scheduled)
+        return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
+                              logits_dtype=logits_dtype)
+    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, scheduled,
+                   logits_dtype)
 
 
 def _multiprocessors(index: int | None) -> int:
@@ -1118,7 +1133,8 @@ def _multiprocessors(index: int | None) -> int:
 
 
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
-                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: bool = False) -> Any:
+                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: bool = False,
+                 out_dtype: str = "fp32") -> Any:
     """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``).
     ``presplit``: the build that reads a precomputed schedule."""
     import triton
@@ -1132,7 +1148,7 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
            "w_desc": f"tensordesc<fp32[{next_n}, {h}],{sc_lay!r}>",
            "kv_desc": f"tensordesc<fp8e4nv[1, {TILE}, {d}],{kv_lay!r}>",
            "sc_desc": f"tensordesc<fp32[1, {TILE}],{sc_lay!r}>",
-           "cl_ptr": "*i32", "bt_ptr": "*i32", "sched_ptr": "*i32", "out_ptr": "*fp32"}
+           "cl_ptr": "*i32", "bt_ptr": "*i32", "sched_ptr": "*i32", "out_ptr": f"*{out_dtype}"}
     for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
                  "stride_om"):
         sig[name] = "i32"
