@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from . import registry
 from .arch import arch_of_device, detect_arch, normalize_arch
 from .decision import Decision
-from .memo import MQA, MQA_BF16, PAGED, PAGED_BF16, Op, Signature, logits_dtype_name, output_check, remember
+from .errors import ProviderUnavailableError
+from .memo import MQA, MQA_BF16, PAGED, PAGED_BF16, Op, Signature, device_of, logits_dtype_name, output_check, remember
 from .provider import Entry, Provider
-from .spec import OPS, Pair, Problem, dtype_pair
+from .spec import FP4_PAIR, OPS, Pair, Problem, dtype_pair
+from .validate import fp4_text
 
 if TYPE_CHECKING:
     import torch
@@ -127,7 +129,13 @@ def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", ar
     if hit is not None:  # selection matched the provider to the arch, pair and shape: no checks again
         return hit[1].run(op, hit[0], args, clean_logits, hit[2], hit[3])
     problem = op.check(*args, clean_logits, full=s.settings.validate_full)
-    provider = registry.provider_for(arch_of_device(args[0].device), op.name, op.pair(args), problem, s=s)
+    arch, pair = arch_of_device(device_of(args[0])), op.pair(args)
+    try:
+        provider = registry.provider_for(arch, op.name, pair, problem, s=s)
+    except ProviderUnavailableError as exc:
+        if pair != FP4_PAIR:
+            raise
+        raise ProviderUnavailableError(f"{op.name}: {fp4_text(arch)}.\n{exc}", getattr(exc, "decision", None)) from None
     out = provider.run(op, problem, args, clean_logits)
     if key is not None:
         remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits), output_check(out)))

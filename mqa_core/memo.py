@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import validate
-from .spec import Pair, Problem, ProviderSpec, dtype_name
+from .spec import FP4_PAIR, Pair, Problem, ProviderSpec, dtype_name
 
 __all__ = ["LOGITS_DTYPES", "MAX_SIGNATURES", "MQA", "MQA_BF16", "PAGED", "PAGED_BF16", "CallTable", "Op", "Signature",
            "logits_dtype_name", "mqa_problem", "mqa_recall", "output_check", "paged_problem", "paged_recall",
@@ -206,7 +206,8 @@ def paged_problem(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_
     problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
                                              max_context_len, clean_logits, schedule=schedule, spec=spec,
                                              full=full)
-    return replace(problem, next_n=q.shape[1], block_size=kv_cache.shape[1])
+    values = q[0] if isinstance(q, (tuple, list)) else q  # FP4: (values, scales)
+    return replace(problem, next_n=values.shape[1], block_size=kv_cache.shape[1])
 
 
 def mqa_problem(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
@@ -220,16 +221,27 @@ def _mqa_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bool
 
 
 def _paged_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bool, spec: ProviderSpec) -> None:
-    result.check_paged_values(out, args[3], args[0].shape[1], clean_logits, spec)
+    q = args[0][0] if isinstance(args[0], (tuple, list)) else args[0]
+    result.check_paged_values(out, args[3], q.shape[1], clean_logits, spec)
 
 
 def _mqa_pair(args: tuple[Any, ...]) -> Pair:
+    if isinstance(args[0], (tuple, list)):  # FP4: (values, scales)
+        return FP4_PAIR
     return dtype_name(args[0].dtype), dtype_name(args[1][0].dtype)
 
 
 def _paged_pair(args: tuple[Any, ...]) -> Pair:
+    if isinstance(args[0], (tuple, list)):  # FP4: (values, scales)
+        return FP4_PAIR
     name = dtype_name(args[0].dtype)  # the cache holds bytes of q's fp8 flavour
     return name, name
+
+
+def device_of(q: Any) -> Any:
+    """The device of an op's ``q``: a tensor, or FP4's (values, scales). For the paths that run once
+    per signature (a remembered one reads ``args[0].device`` of tensors it knows)."""
+    return (q[0] if isinstance(q, (tuple, list)) else q).device
 
 
 @dataclass(frozen=True)

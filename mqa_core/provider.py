@@ -24,6 +24,7 @@ from .memo import (
     CallTable,
     Op,
     Signature,
+    device_of,
     logits_dtype_name,
     output_check,
     remember,
@@ -224,9 +225,9 @@ class Provider:
             raise self._exited(op.name, exc) from exc
         if out_check is None or not out_check(out):
             if op.logits_dtype is None:
-                self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)
+                self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, device_of(args[0]))
             else:
-                out = self._result.conform_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device,
+                out = self._result.conform_logits(out, self.spec, op.name, problem.m, problem.n, device_of(args[0]),
                                                   op.logits_dtype, not self._native[op.key])
         if self._validate_full:
             op.values(self._result, out, args, clean_logits, self.spec)
