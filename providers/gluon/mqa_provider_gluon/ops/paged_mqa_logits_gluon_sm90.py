@@ -34,11 +34,13 @@ four warps are replicas; no bar.sync), and publishes it in shared memory behind 
 the loader, the other math warpgroups and the filler (round 11: the cross-warp scan it replaced
 parked all 17 warps at CTA barriers before the first copy).
 
-Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
-two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
-call is outside it; the provider then serves the call with the Triton kernel. The provider sends a
-call here only for the classes in :data:`MEASURED_AHEAD`: next_n in (1, 2) with H in (32, 64), each
-measured ahead of the Triton kernel on the H200 once this build's GPU tests passed there
+Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= P * H <= 128 where P is next_n rounded
+up to a power of two (next_n = 3 computes a fourth row it never stores; next_n above 2 runs with two
+math warpgroups, :func:`default_config_for`), block_size a multiple of 64, 16-byte aligned q / pool /
+strides. :func:`unsupported` says why a call is outside it; the provider then serves the call with the
+Triton kernel. The provider sends a call here only for the classes in :data:`MEASURED_AHEAD`: next_n in
+(1, 2) with H in (32, 64), each measured ahead of the Triton kernel on the H200 once this build's GPU
+tests passed there
 (bench/README.md, rounds 9 and 10).
 """
 
@@ -129,6 +131,14 @@ class GluonPagedConfig:
 PDL_VARIABLE = "MQA_GLUON_PDL"
 
 
+def default_config_for(next_n: int) -> GluonPagedConfig:
+    """:func:`default_config` for a call's next_n: above 2 (MTP's 3 and 4 draft tokens), two math
+    warpgroups and an 8-deep ring, as four at next_n * H = 128 spill the loader's 24 registers (sm_90
+    AOT builds, tests/gluon/test_paged_mqa_logits_gluon.py)."""
+    cfg = default_config()
+    return dataclasses.replace(cfg, math_wgs=2, stages=8) if next_n > 2 else cfg
+
+
 def default_config() -> GluonPagedConfig:
     """The config of a call given none: the defaults, launched as :data:`PDL_VARIABLE` says (read when a
     call signature is first bound, so set it before the first call). A value that is not a boolean
@@ -153,6 +163,12 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from .mqa_logits_gluon_sm90 import mma_layout
 
     _jit = gluon.jit
+
+    @gluon.constexpr_function
+    def rows_pad(next_n):
+        """The query rows a sequence's tensors hold: next_n rounded up to a power of two (a next_n of 3
+        computes a fourth row, all zeros or the next sequence's, never stored)."""
+        return 1 << (int(next_n) - 1).bit_length()
     SCHED_N = gl.constexpr(SCHED)
     _jit_sizes = gluon.jit(do_not_specialize=["num_seqs", "max_ctx", "covered", "num_blocks"])
 except Exception:  # pragma: no cover - depends on the installed triton
@@ -404,7 +420,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
             PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
-    NQ: gl.constexpr = NEXT_N * H
+    NQ: gl.constexpr = NEXT_N * H  # the sequence's q rows in global memory (its box may hold more)
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     if TRACE:
         _stamp(sched_ptr, 13, lay, False)
@@ -497,19 +513,23 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
           RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
-    """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
-    NQ: gl.constexpr = NEXT_N * H
+    """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``. The
+    tensors hold NP = next_n rounded up to a power of two rows per sequence; rows past next_n are
+    computed (their lengths are 0) and never stored."""
+    NP: gl.constexpr = rows_pad(NEXT_N)
+    NQ: gl.constexpr = NP * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
     # The head sum's result layout (what the compiler infers for the reduction of the accumulator):
     # the positions, rows, lengths and scales are built in it, so no tile result changes layout.
     rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
-                                   NEXT_N, H).type.layout
+                                   NP, H).type.layout
     slay: gl.constexpr = gl.SliceLayout(1, rlay)
     jlay: gl.constexpr = gl.SliceLayout(0, rlay)
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
-    offs_j = gl.arange(0, NEXT_N, layout=jlay)
+    offs_j = gl.arange(0, NP, layout=jlay)
+    real_j = offs_j < NEXT_N  # all true unless next_n is not a power of two
     if WG == 0:
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
@@ -530,11 +550,15 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     g = 0
     qn = 0
     spent = gl.zeros([4], gl.int64, gl.BlockedLayout([4], [32], [4], [0]))  # trace=1: data, wgmma, epilogue, tiles
-    lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    lens_n = _row_lens(cl_ptr, va, offs_j, real_j, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    if NP != NEXT_N:
+        lens_n = gl.where(real_j, lens_n, 0)
     for v in range(va, v_end):
         lens = lens_n
         more = v + 1 < v_end  # the next sequence's lengths, requested now
-        lens_n = _row_lens(cl_ptr, v + 1, offs_j, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        lens_n = _row_lens(cl_ptr, v + 1, offs_j, more & real_j, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        if NP != NEXT_N:
+            lens_n = gl.where(real_j, lens_n, 0)
         t_lo = gl.where(v == va, ta, 0)
         tiles = gl.cdiv(gl.max(lens, 0), 64)
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
@@ -574,10 +598,14 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.expect(empty.index(s), 0)
             else:
                 mbarrier.arrive(empty.index(s), count=1)
-            r = _head_sum(acc, w_row, NEXT_N, H)
+            r = _head_sum(acc, w_row, NP, H)
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")).to(rows.dtype.element_ty), mask=p2 < max_ctx)
+            logits = gl.where(seen, r * sc, float("-inf")).to(rows.dtype.element_ty)
+            if NP == NEXT_N:
+                gl.store(rows + p2, logits, mask=p2 < max_ctx)
+            else:
+                gl.store(rows + p2, logits, mask=(p2 < max_ctx) & gl.expand_dims(real_j, 0))
             if TRACE:
                 spent = _account(spent, c0, c1, c2, _tick(idl))
         mbarrier.arrive(q_empty.index(qs), count=1)
@@ -659,12 +687,13 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
                      num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
-    NQ: gl.constexpr = NEXT_N * H
+    NP: gl.constexpr = rows_pad(NEXT_N)  # a sequence's rows in the tensors (q's and w's TMA boxes)
+    NQ: gl.constexpr = NP * H
     D: gl.constexpr = q_desc.block_type.shape[1]
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
     # The float32 TMA targets take their descriptors' layouts, so the allocator aligns them as TMA needs
     # (128 bytes); the math reads them through flat views of the same bytes.
-    w_smem = gl.allocate_shared_memory(gl.float32, [2, NEXT_N, H], w_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float32, [2, NP, H], w_desc.layout)
     k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 64, D],
                                        gl.NVMMASharedLayout.get_default_for([64, D], kv_desc.dtype))
     # With RELEASE the scales and block ids sit in a deeper ring than the values: tile g's slot is
@@ -795,6 +824,12 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def _rows_pad(next_n: int) -> int:
+    """next_n rounded up to a power of two: the rows a sequence's q and weights boxes hold (the kernel's
+    ``rows_pad``)."""
+    return 1 << (next_n - 1).bit_length()
+
+
 def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                 block_tables: torch.Tensor) -> str | None:
     """None when this kernel serves the call, else why not (the caller then uses the Triton kernel)."""
@@ -804,9 +839,9 @@ def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, 
     b, next_n, h, d = q.shape
     if q.dtype != torch.float8_e4m3fn:
         return f"q is {q.dtype}; the Gluon paged kernel reads float8_e4m3fn"
-    if d not in (64, 128) or not (_pow2(next_n) and _pow2(h) and 8 <= next_n * h <= 128):
-        return (f"next_n={next_n}, H={h}, D={d}: the Gluon paged kernel needs D in (64, 128), next_n and H "
-                "powers of two and 8 <= next_n * H <= 128")
+    if d not in (64, 128) or not (_pow2(h) and 8 <= _rows_pad(next_n) * h <= 128):
+        return (f"next_n={next_n}, H={h}, D={d}: the Gluon paged kernel needs D in (64, 128), H a power of two "
+                "and 8 <= P * H <= 128, P = next_n rounded up to a power of two")
     if kv_cache.shape[1] % TILE:
         return f"block_size {kv_cache.shape[1]} is not a multiple of {TILE}"
     if q.stride() != (next_n * h * d, h * d, d, 1) or q.data_ptr() % 16:
@@ -821,12 +856,13 @@ def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, 
 
 
 def _q_descriptor(q: torch.Tensor) -> Any:
-    """q [B, next_n, H, D] as [B * next_n * H, D] rows, one [next_n * H, D] box per sequence."""
+    """q [B, next_n, H, D] as [B * next_n * H, D] rows, one [P * H, D] box per sequence (P: next_n rounded
+    up to a power of two)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b, next_n, h, d = q.shape
-    nq = next_n * h
-    return TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [nq, d], _layouts(d, nq)[0])
+    nq, box = next_n * h, _rows_pad(next_n) * h  # a box past the last sequence reads zeros (TMA bounds)
+    return TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [box, d], _layouts(d, box)[0])
 
 
 def _w_descriptor(weights: torch.Tensor, next_n: int) -> Any:
@@ -834,7 +870,7 @@ def _w_descriptor(weights: torch.Tensor, next_n: int) -> Any:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, h = weights.shape
-    return TensorDescriptor(weights, [m, h], [weights.stride(0), 1], [next_n, h], _layouts(16, 16)[2])
+    return TensorDescriptor(weights, [m, h], [weights.stride(0), 1], [_rows_pad(next_n), h], _layouts(16, 16)[2])
 
 
 def _kv_descriptors(kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -987,7 +1023,7 @@ def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q
         return out
     if nb == 0:
         return out.fill_(float("-inf"))
-    cfg = config or (launch.config if launch is not None else default_config())
+    cfg = config or (launch.config if launch is not None else default_config_for(next_n))
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
@@ -1143,9 +1179,10 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
 
     cfg = config or default_config()
     fn = _paged_kernel_ws
-    q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
-    sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
-           "w_desc": f"tensordesc<fp32[{next_n}, {h}],{sc_lay!r}>",
+    rows = _rows_pad(next_n)
+    q_lay, kv_lay, sc_lay = _layouts(d, rows * h)
+    sig = {"q_desc": f"tensordesc<fp8e4nv[{rows * h}, {d}],{q_lay!r}>",
+           "w_desc": f"tensordesc<fp32[{rows}, {h}],{sc_lay!r}>",
            "kv_desc": f"tensordesc<fp8e4nv[1, {TILE}, {d}],{kv_lay!r}>",
            "sc_desc": f"tensordesc<fp32[1, {TILE}],{sc_lay!r}>",
            "cl_ptr": "*i32", "bt_ptr": "*i32", "sched_ptr": "*i32", "out_ptr": f"*{out_dtype}"}
