@@ -81,9 +81,8 @@ def test_gluon_sm90_build(next_n, h, clean, lens_2d):
 @pytest.mark.cuda
 @needs_gluon_api
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("next_n,h", [(3, 32), (4, 32), (3, 16)])
-@pytest.mark.parametrize("lens_kind", ["1d", "any"])
-@pytest.mark.parametrize("clean", [True, False])
+@pytest.mark.parametrize("next_n,h,lens_kind,clean", [(3, 32, "any", True), (4, 32, "1d", False),
+                                                      (3, 16, "any", False), (4, 32, "any", True)])
 def test_gluon_gpu_matches_the_oracle(next_n, h, lens_kind, clean):
     if gp.gluon_supported(torch.device("cuda")):
         pytest.skip(str(gp.gluon_supported(torch.device("cuda"))))
@@ -98,7 +97,7 @@ def test_gluon_gpu_matches_the_oracle(next_n, h, lens_kind, clean):
     assert gp.unsupported(*args[:5]) is None
     for _ in range(2):  # the second call takes the bound launch
         check(gp.fp8_paged_mqa_logits_gluon(*args, clean), ref, clean)
-    b16 = gp.fp8_paged_mqa_logits_gluon(*args, clean, logits_dtype=torch.bfloat16)
-    f32 = gp.fp8_paged_mqa_logits_gluon(*args, clean)
-    inside = torch.isfinite(ref).cuda()
-    assert torch.equal(b16[inside], f32[inside].to(torch.bfloat16))
+    if clean:  # bf16 from the same kernel: the float32 logits rounded once
+        b16 = gp.fp8_paged_mqa_logits_gluon(*args, clean, logits_dtype=torch.bfloat16)
+        f32 = gp.fp8_paged_mqa_logits_gluon(*args, clean)
+        assert torch.equal(b16, f32.to(torch.bfloat16))
