@@ -154,3 +154,14 @@ def test_cuda_paged_bf16(next_n: int, h: int) -> None:
         for _ in range(2):
             b16 = fn(*x.args(), True, logits_dtype=BF16)
             same_cells(f32, b16, True, x)
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_amd_bf16_builds_keep_the_fp8_mfma(target: str) -> None:
+    """The Triton prefill and paged kernels with bf16 output on gfx942/gfx950: fp8 MFMA kept, no spills."""
+    from triton.backends.compiler import GPUTarget
+
+    for asm in (aot.compile_for(target, h=64, out_dtype="bf16"),
+                paged_compile_for(GPUTarget("hip", target, 64), next_n=4, h=32, out_dtype="bf16")):
+        facts = aot.amd_facts(asm)
+        assert sum(aot.mfma_ops(asm).values()) > 0 and facts.vgpr_spills == 0 and facts.scratch_bytes == 0, facts
