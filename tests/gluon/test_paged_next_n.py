@@ -40,7 +40,7 @@ def check(out: torch.Tensor, ref: torch.Tensor, clean: bool) -> None:
 
 @pytest.fixture
 def interpret(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as the other interpreter tests (a set knob would stick)
 
 
 @pytest.mark.parametrize("next_n", [3, 4])
