@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from . import registry
 from .arch import arch_of_device, detect_arch, normalize_arch
 from .decision import Decision
-from .memo import MQA, PAGED, Op, Signature, output_check, remember
+from .errors import ProviderUnavailableError
+from .memo import MQA, MQA_BF16, PAGED, PAGED_BF16, Op, Signature, device_of, logits_dtype_name, output_check, remember
 from .provider import Entry, Provider
-from .spec import OPS, Pair, Problem, dtype_pair
+from .spec import FP4_PAIR, OPS, Pair, Problem, dtype_pair
+from .validate import fp4_text
 
 if TYPE_CHECKING:
     import torch
@@ -74,29 +76,48 @@ def explain(arch: str | None = None, *, op: str = DEFAULT_OP, dtype: Any = None,
 
 def fp8_mqa_logits(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", weights: "torch.Tensor",
                    cu_seqlen_ks: "torch.Tensor", cu_seqlen_ke: "torch.Tensor", *,
-                   clean_logits: bool = True) -> "torch.Tensor":
+                   clean_logits: bool = True, logits_dtype: "torch.dtype | None" = None) -> "torch.Tensor":
     """fp8 MQA logits, served by the provider chosen for ``q``'s device, the (q, k) dtype pair and shape.
 
     ``logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n])`` for
     ``max(ks[m], 0) <= n < min(ke[m], N)``, ``-inf`` elsewhere when ``clean_logits``.
+
+    ``logits_dtype``: ``torch.float32`` (the default; None means the same) or ``torch.bfloat16``:
+    each logit computed as for float32, then rounded once to bfloat16 (-inf stays -inf). Providers
+    whose kernel writes bf16 itself halve the bytes written; the others' float32 result is rounded.
     """
     s = registry.state()
-    return _call(s, MQA, s.mqa_calls, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
+    if logits_dtype is None:
+        return _call(s, MQA, s.mqa_calls, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
+    if logits_dtype_name(logits_dtype, MQA.name) == "float32":
+        return _call(s, MQA, s.mqa_calls, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
+    import torch
+
+    return _call(s, MQA_BF16, s.mqa_bf16_calls, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, torch.bfloat16),
+                 clean_logits)
 
 
 def fp8_paged_mqa_logits(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
                          context_lens: "torch.Tensor", block_tables: "torch.Tensor",
                          max_context_len: int, *, clean_logits: bool = True,
-                         schedule: "torch.Tensor | None" = None) -> "torch.Tensor":
+                         schedule: "torch.Tensor | None" = None,
+                         logits_dtype: "torch.dtype | None" = None) -> "torch.Tensor":
     """The decode variant over a paged fp8 cache; see the docs for the block layout.
 
     The cache holds bytes of q's fp8 flavour, so the provider is chosen on the pair (q, q).
     ``schedule``: the step's :func:`mqa_core.paged_schedule`, computed once for all of a step's calls;
     a hint, read by the providers that can use it (the results do not depend on it).
+    ``logits_dtype``: as in :func:`fp8_mqa_logits`.
     """
     s = registry.state()
-    return _call(s, PAGED, s.paged_calls,
-                 (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule), clean_logits)
+    args = (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule)
+    if logits_dtype is None:
+        return _call(s, PAGED, s.paged_calls, args, clean_logits)
+    if logits_dtype_name(logits_dtype, PAGED.name) == "float32":
+        return _call(s, PAGED, s.paged_calls, args, clean_logits)
+    import torch
+
+    return _call(s, PAGED_BF16, s.paged_bf16_calls, (*args, torch.bfloat16), clean_logits)
 
 
 def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],
@@ -108,7 +129,13 @@ def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", ar
     if hit is not None:  # selection matched the provider to the arch, pair and shape: no checks again
         return hit[1].run(op, hit[0], args, clean_logits, hit[2], hit[3])
     problem = op.check(*args, clean_logits, full=s.settings.validate_full)
-    provider = registry.provider_for(arch_of_device(args[0].device), op.name, op.pair(args), problem, s=s)
+    arch, pair = arch_of_device(device_of(args[0])), op.pair(args)
+    try:
+        provider = registry.provider_for(arch, op.name, pair, problem, s=s)
+    except ProviderUnavailableError as exc:
+        if pair != FP4_PAIR:
+            raise
+        raise ProviderUnavailableError(f"{op.name}: {fp4_text(arch)}.\n{exc}", getattr(exc, "decision", None)) from None
     out = provider.run(op, problem, args, clean_logits)
     if key is not None:
         remember(table, key, (problem, provider, provider.prepare(op, args, clean_logits),

@@ -45,10 +45,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from . import validate
-from .spec import Pair, Problem, ProviderSpec, dtype_name
+from .spec import FP4_PAIR, Pair, Problem, ProviderSpec, dtype_name
 
-__all__ = ["MAX_SIGNATURES", "MQA", "PAGED", "CallTable", "Op", "Signature", "mqa_problem", "mqa_recall",
-           "output_check", "paged_problem", "paged_recall", "remember"]
+__all__ = ["LOGITS_DTYPES", "MAX_SIGNATURES", "MQA", "MQA_BF16", "PAGED", "PAGED_BF16", "CallTable", "Op", "Signature",
+           "logits_dtype_name", "mqa_problem", "mqa_recall", "output_check", "paged_problem", "paged_recall",
+           "remember", "with_logits_dtype"]
 
 #: The most signatures one table remembers (engines send a handful of shapes per op).
 MAX_SIGNATURES = 1024
@@ -103,14 +104,14 @@ def output_check(out: Any, inputs: tuple[Any, ...]) -> Callable[[Any, tuple[Any,
         return lambda out, inputs: guard(out) is True
     # input i overlaps [lo, lo + size) iff -extent_i < ptr_i - lo < size; an empty input never does
     # (its bound is size, so the test reads size < d < size)
-    bounds = tuple(-e if e else size for e in (extent(t) for t in inputs))
+    bounds = tuple(-e if e else size for e in (0 if t is None else extent(t) for t in inputs))
 
     def check(out: Any, inputs: tuple[Any, ...]) -> bool:
         if not guard(out):
             return False
         lo = out.data_ptr()
         for t, low in zip(inputs, bounds):
-            if low < t.data_ptr() - lo < size:
+            if t is not None and low < t.data_ptr() - lo < size:
                 return False
         return True
 
@@ -228,7 +229,8 @@ def paged_problem(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_
     problem = validate.paged_mqa_logits_args(q, kv_cache, weights, context_lens, block_tables,
                                              max_context_len, clean_logits, schedule=schedule, spec=spec,
                                              full=full)
-    return replace(problem, next_n=q.shape[1], block_size=kv_cache.shape[1])
+    values = q[0] if isinstance(q, (tuple, list)) else q  # FP4: (values, scales)
+    return replace(problem, next_n=values.shape[1], block_size=kv_cache.shape[1])
 
 
 def mqa_problem(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
@@ -242,16 +244,27 @@ def _mqa_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bool
 
 
 def _paged_values(result: Any, out: Any, args: tuple[Any, ...], clean_logits: bool, spec: ProviderSpec) -> None:
-    result.check_paged_values(out, args[3], args[0].shape[1], clean_logits, spec)
+    q = args[0][0] if isinstance(args[0], (tuple, list)) else args[0]
+    result.check_paged_values(out, args[3], q.shape[1], clean_logits, spec)
 
 
 def _mqa_pair(args: tuple[Any, ...]) -> Pair:
+    if isinstance(args[0], (tuple, list)):  # FP4: (values, scales)
+        return FP4_PAIR
     return dtype_name(args[0].dtype), dtype_name(args[1][0].dtype)
 
 
 def _paged_pair(args: tuple[Any, ...]) -> Pair:
+    if isinstance(args[0], (tuple, list)):  # FP4: (values, scales)
+        return FP4_PAIR
     name = dtype_name(args[0].dtype)  # the cache holds bytes of q's fp8 flavour
     return name, name
+
+
+def device_of(q: Any) -> Any:
+    """The device of an op's ``q``: a tensor, or FP4's (values, scales). For the paths that run once
+    per signature (a remembered one reads ``args[0].device`` of tensors it knows)."""
+    return (q[0] if isinstance(q, (tuple, list)) else q).device
 
 
 @dataclass(frozen=True)
@@ -277,26 +290,78 @@ class Op:
     #: args -> the op's tensor arguments (what an output must not overlap), named by :attr:`tensor_names`
     tensors: Callable[[tuple[Any, ...]], tuple[Any, ...]] = tuple
     tensor_names: tuple[str, ...] = ()
+    #: The logits' dtype, as torch names it, where it is not float32 (None: float32, the ops' default).
+    #: Such a variant of an op is an op of its own here: its own memo tables, and its ``args`` end with
+    #: the torch dtype, which a kernel function receives as the hint ``logits_dtype`` where it names it.
+    logits_dtype: str | None = None
     #: The name of the kernel object's optional ``prepare_<op>`` function (set from ``name``; a field, not
     #: a property: the per-call path reads it).
     prepare: str = field(init=False)
+    #: What a provider keys its per-function facts by (``name``, or ``name[dtype]`` for a variant), and
+    #: the same for the prepare function.
+    key: str = field(init=False)
+    prepare_key: str = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prepare", f"prepare_{self.name}")
+        suffix = f"[{self.logits_dtype}]" if self.logits_dtype else ""
+        object.__setattr__(self, "key", self.name + suffix)
+        object.__setattr__(self, "prepare_key", self.prepare + suffix)
+
+
+#: The logits dtypes the ops produce (torch's names): float32 (the default) and bfloat16.
+LOGITS_DTYPES = ("float32", "bfloat16")
+
+
+def logits_dtype_name(dtype: Any, op: str) -> str:
+    """``torch.bfloat16`` (or its name) -> ``"bfloat16"``; TypeError naming the op for anything else
+    than the dtypes of :data:`LOGITS_DTYPES`."""
+    name = dtype_name(dtype) if dtype is not None else "float32"
+    if name not in LOGITS_DTYPES:
+        raise TypeError(f"{op}: logits_dtype must be torch.float32 or torch.bfloat16; got {dtype!r}")
+    return name
+
+
+def with_logits_dtype(op: Op, dtype: str) -> Op:
+    """``op`` producing ``dtype`` logits: the same checks and signatures (its tables are its own, so
+    the dtype need not enter them), ``args`` one longer (the torch dtype, passed as the hint
+    ``logits_dtype``)."""
+    base_recall, base_check, n = op.recall, op.check, op.positional + len(op.hint_names)
+
+    def recall(table: Any, *a: Any) -> tuple[Signature | None, Any]:
+        return base_recall(table, *a[:n], a[-1])
+
+    def check(*a: Any, **kw: Any) -> Problem:
+        return base_check(*a[:n], a[-1], **kw)
+
+    return replace(op, recall=recall, check=check, hint_names=(*op.hint_names, "logits_dtype"),
+                   logits_dtype=dtype)
+
+
+def _q_tensors(q: Any) -> tuple[Any, ...]:
+    """(q, None), or (q values, q_sf) for FP4. An absent tensor is None in :attr:`Op.tensors`, so
+    each input keeps its index and name."""
+    return (q, None) if not isinstance(q, tuple) else (q[0], q[1])
 
 
 def _mqa_tensors(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    q, kv, weights, ks, ke = args
-    return q, kv[0], kv[1], weights, ks, ke
+    q, kv, weights, ks, ke = args[:5]  # a logits_dtype variant appends the dtype
+    q, sf = _q_tensors(q)
+    return (q, kv[0], kv[1], weights, ks, ke, sf)
 
 
 def _paged_tensors(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return args[:5] if args[6] is None else (*args[:5], args[6])
+    q, sf = _q_tensors(args[0])
+    return (q, *args[1:5], args[6], sf)
 
 
 MQA = Op("fp8_mqa_logits", mqa_recall, mqa_problem, _mqa_values, _mqa_pair, 5, (), _mqa_tensors,
-         ("q", "k", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke"))
+         ("q", "k", "k_scale", "weights", "cu_seqlen_ks", "cu_seqlen_ke", "q_sf"))
 PAGED = Op("fp8_paged_mqa_logits", paged_recall, paged_problem, _paged_values, _paged_pair, 6, ("schedule",),
-           _paged_tensors, ("q", "kv_cache", "weights", "context_lens", "block_tables", "schedule"))
+           _paged_tensors, ("q", "kv_cache", "weights", "context_lens", "block_tables", "schedule", "q_sf"))
+MQA_BF16 = with_logits_dtype(MQA, "bfloat16")
+PAGED_BF16 = with_logits_dtype(PAGED, "bfloat16")
 #: The ops by name (``mqa_core.spec.OPS`` lists the names a spec may declare).
 OP_BY_NAME = {MQA.name: MQA, PAGED.name: PAGED}
+#: Every variant of each op, by name: what a provider reads its kernel object's functions for.
+VARIANTS = {MQA.name: (MQA, MQA_BF16), PAGED.name: (PAGED, PAGED_BF16)}

@@ -17,7 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 from .discovery import describe_error
 from .errors import ProviderResultError
-from .memo import MQA, OP_BY_NAME, PAGED, CallTable, Op, Signature, output_check, remember
+from .memo import (
+    MQA,
+    MQA_BF16,
+    PAGED,
+    PAGED_BF16,
+    VARIANTS,
+    CallTable,
+    Op,
+    Signature,
+    device_of,
+    logits_dtype_name,
+    output_check,
+    remember,
+)
 from .spec import Problem, ProviderSpec
 
 if TYPE_CHECKING:
@@ -72,7 +85,8 @@ class Provider:
     """What :func:`mqa_core.get_provider` returns. Calls are validated, passed to the kernel, and its
     result is checked."""
 
-    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged", "_takes")
+    __slots__ = ("spec", "impl", "_validate_full", "_result", "_passed_mqa", "_passed_paged", "_passed_mqa_bf16",
+                 "_passed_paged_bf16", "_takes", "_native")
 
     def __init__(self, spec: ProviderSpec, impl: Any, validate_full: bool = False) -> None:
         for op in spec.ops:
@@ -88,11 +102,19 @@ class Provider:
         # (mqa_core.memo); None under MQA_VALIDATE=full. The registry makes a new provider per state.
         self._passed_mqa: dict[Signature, Entry] | None = None if validate_full else CallTable()
         self._passed_paged: dict[Signature, Entry] | None = None if validate_full else CallTable()
-        # The call hints (a paged call's ``schedule``) each of the kernel object's op and prepare_<op>
-        # functions receives: those it names. Read once; a function whose signature cannot be read
-        # receives none.
-        self._takes: dict[str, Takes] = {name: _takes(impl, name, OP_BY_NAME[op]) for op in spec.ops
-                                         for name in (op, OP_BY_NAME[op].prepare)}
+        self._passed_mqa_bf16: dict[Signature, Entry] | None = None if validate_full else CallTable()
+        self._passed_paged_bf16: dict[Signature, Entry] | None = None if validate_full else CallTable()
+        # The call hints (a paged call's ``schedule``, a bf16 call's ``logits_dtype``) each of the kernel
+        # object's op and prepare_<op> functions receives: those it names, per variant of the op. Read
+        # once; a function whose signature cannot be read receives none.
+        self._takes: dict[str, Takes] = {key: _takes(impl, name, variant) for op in spec.ops
+                                         for variant in VARIANTS[op]
+                                         for key, name in ((variant.key, variant.name),
+                                                           (variant.prepare_key, variant.prepare))}
+        # Per variant: whether the kernel writes that logits dtype itself (its op function names
+        # ``logits_dtype``); where it does not, its float32 result is rounded to the dtype here.
+        self._native: dict[str, bool] = {v.key: v.logits_dtype is None or "logits_dtype" in dict(self._takes[v.key])
+                                         for op in spec.ops for v in VARIANTS[op]}
 
     @property
     def name(self) -> str:
@@ -122,18 +144,30 @@ class Provider:
 
     def fp8_mqa_logits(self, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]",
                        weights: "torch.Tensor", cu_seqlen_ks: "torch.Tensor",
-                       cu_seqlen_ke: "torch.Tensor", *, clean_logits: bool = True) -> "torch.Tensor":
-        """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in [ks[m], ke[m])."""
-        return self.call(MQA, self._passed_mqa, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
+                       cu_seqlen_ke: "torch.Tensor", *, clean_logits: bool = True,
+                       logits_dtype: "torch.dtype | None" = None) -> "torch.Tensor":
+        """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in [ks[m], ke[m]);
+        ``logits_dtype`` as in :func:`mqa_core.fp8_mqa_logits`."""
+        if logits_dtype is None or logits_dtype_name(logits_dtype, MQA.name) == "float32":
+            return self.call(MQA, self._passed_mqa, (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), clean_logits)
+        import torch
+
+        return self.call(MQA_BF16, self._passed_mqa_bf16,
+                         (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, torch.bfloat16), clean_logits)
 
     def fp8_paged_mqa_logits(self, q: "torch.Tensor", kv_cache: "torch.Tensor",
                              weights: "torch.Tensor", context_lens: "torch.Tensor",
                              block_tables: "torch.Tensor", max_context_len: int, *,
-                             clean_logits: bool = True, schedule: "torch.Tensor | None" = None) -> "torch.Tensor":
+                             clean_logits: bool = True, schedule: "torch.Tensor | None" = None,
+                             logits_dtype: "torch.dtype | None" = None) -> "torch.Tensor":
         """The decode variant over a paged fp8 cache (DeepGEMM's block layout); ``schedule`` as in
         :func:`mqa_core.fp8_paged_mqa_logits`, passed on only if this provider's kernel names it."""
-        return self.call(PAGED, self._passed_paged,
-                         (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule), clean_logits)
+        args = (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule)
+        if logits_dtype is None or logits_dtype_name(logits_dtype, PAGED.name) == "float32":
+            return self.call(PAGED, self._passed_paged, args, clean_logits)
+        import torch
+
+        return self.call(PAGED_BF16, self._passed_paged_bf16, (*args, torch.bfloat16), clean_logits)
 
     def call(self, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],
              clean_logits: Any) -> "torch.Tensor":
@@ -159,8 +193,11 @@ class Provider:
         prepare = getattr(self.impl, name, None)
         if prepare is None:
             return None
+        takes = self._takes[op.prepare_key]
+        if op.logits_dtype is not None and self._native[op.key] and all(h != "logits_dtype" for h, _ in takes):
+            return None  # it would prepare float32 logits where the kernel writes the variant's dtype
         try:
-            prepared = prepare(*args[:op.positional], clean_logits=clean_logits, **_hints(self._takes[name], args))
+            prepared = prepare(*args[:op.positional], clean_logits=clean_logits, **_hints(takes, args))
         except KeyboardInterrupt:  # the user's
             raise
         except BaseException as exc:  # optional: any failure (GeneratorExit, SystemExit...) costs the shortcut
@@ -194,15 +231,19 @@ class Provider:
         try:
             if prepared is None:
                 out = getattr(self.impl, op.name)(*args[:op.positional], clean_logits=clean_logits,
-                                                  **_hints(self._takes[op.name], args))
+                                                  **_hints(self._takes[op.key], args))
             else:  # the per-call path of a remembered signature
-                takes = self._takes[op.prepare]
+                takes = self._takes[op.prepare_key]
                 out = prepared(*args[:5], **_hints(takes, args)) if takes else prepared(*args[:5])
         except SystemExit as exc:  # a kernel must not end the caller's process
             raise self._exited(op.name, exc) from exc
         inputs = op.tensors(args)
         if out_check is None or not out_check(out, inputs):
-            self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, args[0].device)
+            if op.logits_dtype is None:
+                self._result.check_logits(out, self.spec, op.name, problem.m, problem.n, device_of(args[0]))
+            else:
+                out = self._result.conform_logits(out, self.spec, op.name, problem.m, problem.n, device_of(args[0]),
+                                                  op.logits_dtype, not self._native[op.key])
             self._result.check_disjoint(out, inputs, op.tensor_names, self.spec, op.name)
         if self._validate_full:
             op.values(self._result, out, args, clean_logits, self.spec)

@@ -97,3 +97,59 @@ def fp8_paged_mqa_logits_ref(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
             res = (weights[row].double() @ s) * sc[:n]
             out[row, :n] = torch.where(ok[:n], res, float("-inf"))
     return out
+
+
+# -- FP4 (mqa_core.spec.FP4: DeepGEMM's packed e2m1 with UE8M0 scales of 32) ------------------------
+
+def fp4_values(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
+    """float64 ``[..., D]``: the FP4 values, decoded from the bits by the formula (not a table): for
+    a nibble ``s e1 e0 m``, ``(-1)**s * 2**(e - 1) * (1 + m / 2)`` when ``e > 0``, ``m / 2`` when
+    ``e == 0``; times ``2**(byte_g - 127)`` for the scale byte ``g = d // 32`` of ``sf``."""
+    b = packed.view(torch.uint8).long()
+    nib = torch.stack((b & 15, b >> 4), dim=-1).flatten(-2)
+    sign = 1.0 - 2.0 * ((nib >> 3) & 1).double()
+    e, m = ((nib >> 1) & 3).double(), (nib & 1).double()
+    mag = torch.where(e > 0, torch.exp2(e - 1) * (1 + m / 2), m / 2)
+    d = nib.shape[-1]
+    exps = torch.stack([(sf.long() >> (8 * g)) & 255 for g in range(4)], dim=-1)  # little-endian bytes
+    group = torch.arange(d, device=packed.device) // 32
+    return sign * mag * torch.exp2(exps[..., group].double() - 127)
+
+
+def fp4_mqa_logits_ref(q: torch.Tensor, q_sf: torch.Tensor, k: torch.Tensor, k_sf: torch.Tensor,
+                       weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+    """[M, N] float64 for FP4 inputs: ``sum_h w[m, h] * relu(q[m, h] . k[n])`` over the decoded values
+    (no key scale: the UE8M0 scales are in the values), -inf outside each window."""
+    ones = torch.ones(k.shape[0], dtype=torch.float64, device=k.device)
+    return fp8_mqa_logits_ref(fp4_values(q, q_sf), fp4_values(k, k_sf), ones, weights, ks, ke)
+
+
+def fp4_paged_mqa_logits_ref(q: torch.Tensor, q_sf: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                             context_lens: torch.Tensor, block_tables: torch.Tensor,
+                             max_context_len: int) -> torch.Tensor:
+    """[B * next_n, max_context_len] float64 over an FP4 page pool (per block ``block_size * D / 2``
+    packed bytes, then one int32 of scales per token), with :func:`fp8_paged_mqa_logits_ref`'s rules."""
+    b, next_n, h, w = q.shape
+    blocks, block_size, _, w4 = kv_cache.shape
+    stride = kv_cache.stride(0) if blocks > 1 else block_size * w4
+    start = kv_cache.storage_offset()
+    values = kv_cache.as_strided((blocks, block_size, w), (stride, w, 1), start)
+    words = kv_cache.as_strided((blocks, block_size * 4), (stride, 1), start + block_size * w).view(torch.int32)
+    keys = fp4_values(values, words)  # [blocks, block_size, D]
+    qv = fp4_values(q, q_sf)  # [B, next_n, H, D]
+    pos = torch.arange(max_context_len, device=q.device)
+    out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float64, device=q.device)
+    lens = visible_lengths(context_lens, next_n)
+    covered = min(max_context_len, block_tables.shape[1] * block_size)
+    for bi in range(b):
+        used = max(0, min(int(lens[bi * next_n: (bi + 1) * next_n].max()), covered))
+        blk = block_tables[bi, pos[:used] // block_size].long()
+        ok = (blk >= 0) & (blk < blocks)
+        k = keys[torch.where(ok, blk, 0), pos[:used] % block_size]
+        for j in range(next_n):
+            row = bi * next_n + j
+            n = int(min(int(lens[row]), used))
+            if n > 0:
+                res = weights[row].double() @ (qv[bi, j] @ k[:n].T).clamp_min_(0)
+                out[row, :n] = torch.where(ok[:n], res, float("-inf"))
+    return out

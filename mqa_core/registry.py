@@ -65,10 +65,14 @@ class _State:
     #: (see mqa_core.memo); None under MQA_VALIDATE=full, where every call is checked.
     mqa_calls: dict[Signature, Entry] | None = None
     paged_calls: dict[Signature, Entry] | None = None
+    #: The same for calls asking for bfloat16 logits (``mqa_core.memo.MQA_BF16``, ``PAGED_BF16``).
+    mqa_bf16_calls: dict[Signature, Entry] | None = None
+    paged_bf16_calls: dict[Signature, Entry] | None = None
 
     def __post_init__(self) -> None:
         if not self.settings.validate_full:
             self.mqa_calls, self.paged_calls = CallTable(), CallTable()
+            self.mqa_bf16_calls, self.paged_bf16_calls = CallTable(), CallTable()
 
 
 _lock = threading.RLock()

@@ -34,28 +34,46 @@ def _fail(spec: ProviderSpec, op: str, text: str) -> ProviderResultError:
     return ProviderResultError(f"{_who(spec, op)}: {text}", spec.name, spec.distribution)
 
 
-def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> None:
-    """Type exactly torch.Tensor (a subclass can override anything it is asked), dtype float32, shape
-    [m, n], on ``device``, last dim contiguous, row stride >= n. Raises ProviderResultError saying what
-    was expected and what came back."""
+def check_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device,
+                 dtype: torch.dtype = _F32) -> None:
+    """Type exactly torch.Tensor (a subclass can override anything it is asked), dtype ``dtype``
+    (float32 unless the call asked for other logits), shape [m, n], on ``device``, last dim
+    contiguous, row stride >= n. Raises ProviderResultError saying what was expected and what came
+    back."""
     if type(out) is _Tensor:
-        if out.dtype is _F32 and out.shape == (m, n) and out.device == device:
+        if out.dtype is dtype and out.shape == (m, n) and out.device == device:
             s0, s1 = out.stride()
             if (s1 == 1 or n <= 1) and (s0 >= n or m <= 1):
                 return
-    raise _mismatch(out, spec, op, m, n, device)
+    raise _mismatch(out, spec, op, m, n, device, dtype)
 
 
-def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device) -> ProviderResultError:
-    expected = f"a float32 torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
+def conform_logits(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device, dtype: str,
+                   round_here: bool) -> torch.Tensor:
+    """The logits of a call that asked for ``dtype`` (a torch name: ``"bfloat16"``), checked as
+    :func:`check_logits` does. ``round_here``: the kernel does not write that dtype itself (its op
+    function does not name ``logits_dtype``), so its float32 logits, once they pass the float32 check,
+    are rounded to ``dtype`` here (round to nearest even; -inf stays -inf), a copy of [m, n]."""
+    want = getattr(torch, dtype)
+    if round_here:
+        check_logits(out, spec, op, m, n, device)
+        return out.to(want)
+    check_logits(out, spec, op, m, n, device, want)
+    return out
+
+
+def _mismatch(out: Any, spec: ProviderSpec, op: str, m: int, n: int, device: torch.device,
+              dtype: torch.dtype = _F32) -> ProviderResultError:
+    name = str(dtype).removeprefix("torch.")
+    expected = f"a {name} torch.Tensor [{m}, {n}] on {device}, last dim contiguous, row stride >= {n}"
     if not isinstance(out, _Tensor):
         return _fail(spec, op, f"expected {expected}; got {_type_name(out)}")
     if type(out) is not _Tensor:
         return _fail(spec, op, f"expected {expected}; got a subclass of it, {_type_name(out)} (a result must "
                                "be exactly torch.Tensor)")
     wrong = []
-    if out.dtype != _F32:
-        wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected float32)")
+    if out.dtype != dtype:
+        wrong.append(f"dtype {str(out.dtype).removeprefix('torch.')} (expected {name})")
     if tuple(out.shape) != (m, n):
         wrong.append(f"shape {list(out.shape)} (expected [{m}, {n}])")
     if out.device != device:
@@ -79,7 +97,7 @@ def extent(t: torch.Tensor) -> int:
     return (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
-def overlap(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> int | None:
+def overlap(out: torch.Tensor, inputs: tuple[torch.Tensor | None, ...]) -> int | None:
     """The index of the first of ``inputs`` whose memory overlaps ``out``'s, or None: pointer
     arithmetic on start addresses and extents (same device: the argument checks made sure)."""
     size = extent(out)
@@ -88,6 +106,8 @@ def overlap(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> int | None:
     lo = out.data_ptr()
     hi = lo + size
     for i, t in enumerate(inputs):
+        if t is None:  # an optional input the call did not pass
+            continue
         e = extent(t)
         p = t.data_ptr()
         if e and p < hi and lo < p + e:
@@ -95,14 +115,16 @@ def overlap(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> int | None:
     return None
 
 
-def check_disjoint(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], names: tuple[str, ...],
+def check_disjoint(out: torch.Tensor, inputs: tuple[torch.Tensor | None, ...], names: tuple[str, ...],
                    spec: ProviderSpec, op: str) -> None:
     """ProviderResultError when the output overlaps an input in memory: a view of an input, or a
     result written into the caller's memory (the ops mutate nothing; see docs/hooks.md)."""
     i = overlap(out, inputs)
     if i is not None:
+        hit = inputs[i]
+        assert hit is not None  # overlap() skips absent inputs
         raise _fail(spec, op, f"the output overlaps input {names[i]} in memory (it starts at "
-                              f"{out.data_ptr():#x}, {names[i]} at {inputs[i].data_ptr():#x}): a result must "
+                              f"{out.data_ptr():#x}, {names[i]} at {hit.data_ptr():#x}): a result must "
                               "be memory of its own, never a view of an input or written into one")
 
 

@@ -19,8 +19,18 @@ from .names import PROVIDER_NAME, provider_id
 OPS = ("fp8_mqa_logits", "fp8_paged_mqa_logits")
 #: fp8 flavours a provider can accept for q and k (torch's names without the ``torch.`` prefix).
 DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz")
-#: Every (q dtype, k dtype) pair the op's contract allows; a provider declares the ones it serves.
+#: Every fp8 (q dtype, k dtype) pair the op's contract allows; a provider declares the ones it serves.
 DTYPE_PAIRS = tuple((q, k) for q in DTYPES for k in DTYPES)
+#: FP4 as DeepGEMM takes it (``fp8_fp4_*``, sm_100): e2m1 values packed two to a byte (the first in the
+#: low nibble; int8 or uint8 ``[..., D / 2]``), each group of 32 values scaled by a UE8M0 power of two,
+#: the four scales of a (token, head) packed in one int32 (byte g: group g). It is a format of q and k
+#: together: its one pair is :data:`FP4_PAIR`, which a provider declares per arch like any other.
+FP4 = "float4_e2m1fn_x2"
+FP4_PAIR = (FP4, FP4)
+#: Values per UE8M0 scale in :data:`FP4`, and the most groups one int32 of scales holds.
+FP4_GROUP, FP4_MAX_GROUPS = 32, 4
+#: What a pair may name: the fp8 flavours, and FP4 (only as :data:`FP4_PAIR`).
+PAIR_DTYPES = (*DTYPES, FP4)
 
 Pair = tuple[str, str]
 
@@ -43,27 +53,34 @@ def dtype_pair(dtype: Any) -> Pair | None:
         q, k = dtype_name(dtype[0]), dtype_name(dtype[1])
     else:
         q = k = dtype_name(dtype)
+    if (q, k) == FP4_PAIR:
+        return FP4_PAIR
     if q not in DTYPES or k not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (meaning q and k alike) or a (q, k) "
-                         f"pair of them; got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (meaning q and k alike), a (q, k) "
+                         f"pair of them, or {FP4} (q and k both FP4); got {dtype!r}")
     return (q, k)
 
 
-#: Short spellings a command line accepts: ``e4m3fn``/``e4m3fnuz`` and ``fn``/``fnuz``.
-_SHORT_DTYPES = {d.removeprefix("float8_"): d for d in DTYPES} | {d.removeprefix("float8_e4m3"): d for d in DTYPES}
+#: Short spellings a command line accepts: ``e4m3fn``/``e4m3fnuz``, ``fn``/``fnuz``, and ``fp4``/``e2m1``.
+_SHORT_DTYPES = ({d.removeprefix("float8_"): d for d in DTYPES} | {d.removeprefix("float8_e4m3"): d for d in DTYPES}
+                 | {"fp4": FP4, "e2m1": FP4})
 
 
 def parse_dtypes(text: str) -> tuple[str, ...]:
     """``Q`` or ``Q,K`` as typed on a command line: torch's names (``torch.`` prefix optional) or short
-    ones (``e4m3fn``, ``fnuz``). One or two names from :data:`DTYPES`; ValueError naming them otherwise."""
+    ones (``e4m3fn``, ``fnuz``, ``fp4``). One or two names from :data:`DTYPES`, or FP4 (alone or twice);
+    ValueError naming them otherwise."""
     parts = [p.strip() for p in text.split(",")]
     if len(parts) not in (1, 2):
         raise ValueError(f"{text!r} is not Q or Q,K")
     names = tuple(_SHORT_DTYPES.get(p.lower().removeprefix("torch."), p.lower().removeprefix("torch."))
                   for p in parts)
     for part, name in zip(parts, names):
-        if name not in DTYPES:
-            raise ValueError(f"dtype {part!r} is not one of {', '.join(DTYPES)} (or e4m3fn, e4m3fnuz, fn, fnuz)")
+        if name not in PAIR_DTYPES:
+            raise ValueError(f"dtype {part!r} is not one of {', '.join(DTYPES)} (or e4m3fn, e4m3fnuz, fn, fnuz), "
+                             f"nor {FP4} (fp4)")
+    if FP4 in names and any(n != FP4 for n in names):
+        raise ValueError(f"{text!r} mixes FP4 with fp8: FP4 is a format of q and k together")
     return names
 
 
@@ -180,8 +197,9 @@ def _pairs_table(declared: Any, archs: frozenset[str], errors: list[str]) -> dic
         items = [] if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Iterable) else list(pairs)
         for p in items:
             if (not isinstance(p, (tuple, list)) or len(p) != 2
-                    or any(dtype_name(x) not in DTYPES for x in p)):
-                errors.append(f"dtype_pairs[{key!r}]: {p!r} is not a (q_dtype, k_dtype) pair of {list(DTYPES)}")
+                    or not (all(dtype_name(x) in DTYPES for x in p) or tuple(map(dtype_name, p)) == FP4_PAIR)):
+                errors.append(f"dtype_pairs[{key!r}]: {p!r} is not a (q_dtype, k_dtype) pair of {list(DTYPES)}, "
+                              f"nor {FP4_PAIR}")
                 continue
             got.add((dtype_name(p[0]), dtype_name(p[1])))
         if not items:
@@ -221,6 +239,8 @@ class ProviderSpec:
     :param dtype_pairs: the (q dtype, k dtype) pairs served: an iterable of pairs for every arch, or
         a mapping ``arch -> pairs`` where ``"any"`` covers the archs not listed. Stored as a
         :class:`PairsByArch`. The paged op's cache is bytes of q's flavour: it uses the (q, q) pairs.
+        :data:`FP4_PAIR` declares FP4 (DeepGEMM's packed e2m1 with UE8M0 scales, group 32) where
+        listed; calls with FP4 inputs go only to providers that declare it on the tensors' arch.
     """
 
     name: str
@@ -290,7 +310,8 @@ class ProviderSpec:
             # dtype_pairs is the declaration; dtypes is derived from it (so that replace() on a spec,
             # which passes both, and a replaced dtype_pairs stay consistent).
             table = _pairs_table(self.dtype_pairs, self.archs, errors)
-            object.__setattr__(self, "dtypes", frozenset(q for pairs in table.values() for q, k in pairs if q == k))
+            object.__setattr__(self, "dtypes", frozenset(q for pairs in table.values() for q, k in pairs
+                                                         if q == k and q in DTYPES))
         object.__setattr__(self, "dtype_pairs", PairsByArch(table))
 
     @property

@@ -17,6 +17,8 @@ WRONG = {
                      "applies the 1-D context rule to 2-D context lengths"),
     "wrong_lastkey0": ("LASTKEY0", ("fp8_mqa_logits", "fp8_paged_mqa_logits"),
                        "writes the last key of each window as 0"),
+    "wrong_bf16trunc": ("BF16TRUNC", ("fp8_mqa_logits", "fp8_paged_mqa_logits"),
+                        "bf16 logits (logits_dtype) truncated toward zero, not rounded to nearest"),
 }
 
 KERNELS = '''
@@ -29,10 +31,20 @@ def _masked(out, lo, hi):
     return out.masked_fill(~inside, float("-inf"))
 
 
+def _as(out, logits_dtype, truncate):
+    """Logits in the dtype asked for (they name logits_dtype): rounded to nearest, or truncated."""
+    if logits_dtype is None or logits_dtype == torch.float32:
+        return out
+    if truncate:  # drop the low 16 bits of each float32: toward zero (-inf keeps its bits)
+        out = (out.contiguous().view(torch.int32) & -65536).view(torch.float32)
+    return out.to(logits_dtype)
+
+
 class Wrong:
-    def __init__(self, scale=True, edge=0, relu=True, factor=1.0, bf16=False, lens1d=False, lastkey0=False):
+    def __init__(self, scale=True, edge=0, relu=True, factor=1.0, bf16=False, lens1d=False, lastkey0=False,
+                 truncate=False):
         self.scale, self.edge, self.relu, self.factor = scale, edge, relu, factor
-        self.bf16, self.lens1d, self.lastkey0 = bf16, lens1d, lastkey0
+        self.bf16, self.lens1d, self.lastkey0, self.truncate = bf16, lens1d, lastkey0, truncate
 
     def _finish(self, out, lo, hi):
         out = _masked(out * self.factor, lo, hi)
@@ -50,16 +62,16 @@ class Wrong:
         out = torch.einsum("mhn,mh->mn", s, w.float())
         return out * k_scale.reshape(1, -1).float() if self.scale else out
 
-    def fp8_mqa_logits(self, q, kv, w, ks, ke, *, clean_logits=True):
+    def fp8_mqa_logits(self, q, kv, w, ks, ke, *, clean_logits=True, logits_dtype=None):
         k, k_scale = kv
         n = k.shape[0]
         out = self._logits(q, k, w, k_scale)
         lo = ks.long().clamp(0, n)
         hi = (ke.long() + self.edge).clamp(0, n)
-        return self._finish(out, lo, hi)
+        return _as(self._finish(out, lo, hi), logits_dtype, self.truncate)
 
     def fp8_paged_mqa_logits(self, q, kv_cache, w, context_lens, block_tables, max_context_len, *,
-                             clean_logits=True):
+                             clean_logits=True, logits_dtype=None):
         b, next_n, h, d = q.shape
         nb, bs = kv_cache.shape[:2]
         flat = kv_cache.reshape(nb, bs * (d + 4))
@@ -79,12 +91,13 @@ class Wrong:
             last = context_lens.long() if context_lens.dim() == 1 else context_lens.long()[:, -1]
             visible = last[:, None] - next_n + j + 1
         hi = visible.reshape(-1).clamp(0, covered)
-        return self._finish(out, torch.zeros_like(hi), hi)
+        return _as(self._finish(out, torch.zeros_like(hi), hi), logits_dtype, self.truncate)
 
 
 SCALE, EDGE, RELU = Wrong(scale=False), Wrong(edge=1), Wrong(relu=False)
 X104, BF16 = Wrong(factor=1.04), Wrong(bf16=True)
 LENS1D, LASTKEY0 = Wrong(lens1d=True), Wrong(lastkey0=True)
+BF16TRUNC = Wrong(truncate=True)
 '''
 
 SPECS = f'''

@@ -14,21 +14,30 @@ from mqa_core.reference import fp8_paged_mqa_logits_ref, pad_paged_cache
 from mqa_core.spec import Problem
 from mqa_core.testing import calc_diff, make_inputs, make_paged_inputs
 
+#: DeepGEMM 54e2261, csrc/apis/attention.hpp, register_apis: every name, in order, with its default.
+EMPTY = inspect.Parameter.empty
+DEEP_GEMM_SIGNATURES = {
+    "fp8_fp4_mqa_logits": [("q", EMPTY), ("kv", EMPTY), ("weights", EMPTY), ("cu_seq_len_k_start", EMPTY),
+                           ("cu_seq_len_k_end", EMPTY), ("clean_logits", True), ("max_seqlen_k", 0),
+                           ("logits_dtype", torch.float32)],
+    "get_paged_mqa_logits_metadata": [("context_lens", EMPTY), ("block_kv", EMPTY), ("num_sms", EMPTY),
+                                      ("indices", None)],
+    "fp8_fp4_paged_mqa_logits": [("q", EMPTY), ("kv_cache", EMPTY), ("weights", EMPTY), ("context_lens", EMPTY),
+                                 ("block_table", EMPTY), ("schedule_meta", EMPTY), ("max_context_len", EMPTY),
+                                 ("clean_logits", False), ("logits_dtype", torch.float32), ("indices", None)],
+    "fp8_mqa_logits": [("q", EMPTY), ("kv", EMPTY), ("weights", EMPTY), ("cu_seq_len_k_start", EMPTY),
+                       ("cu_seq_len_k_end", EMPTY), ("clean_logits", True), ("max_seqlen_k", 0)],
+    "fp8_paged_mqa_logits": [("q", EMPTY), ("kv_cache", EMPTY), ("weights", EMPTY), ("context_lens", EMPTY),
+                             ("block_table", EMPTY), ("schedule_meta", EMPTY), ("max_context_len", EMPTY),
+                             ("clean_logits", False), ("indices", None)],
+}
 
-def test_signatures_follow_deep_gemm():
-    def params(fn):
-        return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
-    empty = inspect.Parameter.empty
-    assert params(deep_gemm.fp8_mqa_logits) == [
-        ("q", empty), ("kv", empty), ("weights", empty), ("cu_seq_len_k_start", empty),
-        ("cu_seq_len_k_end", empty), ("clean_logits", True), ("max_seqlen_k", 0)]
-    assert params(deep_gemm.get_paged_mqa_logits_metadata) == [
-        ("context_lens", empty), ("block_kv", empty), ("num_sms", empty)]
-    assert params(deep_gemm.fp8_paged_mqa_logits) == [
-        ("q", empty), ("kv_cache", empty), ("weights", empty), ("context_lens", empty),
-        ("block_table", empty), ("schedule_meta", empty), ("max_context_len", empty),
-        ("clean_logits", False)]
+@pytest.mark.parametrize("name", list(DEEP_GEMM_SIGNATURES))
+def test_signatures_follow_deep_gemm(name):
+    got = [(p.name, p.default) for p in inspect.signature(getattr(deep_gemm, name)).parameters.values()]
+    assert got == DEEP_GEMM_SIGNATURES[name]
+    assert name in deep_gemm.__all__
 
 
 def test_prefill_full_layout_is_mqa_core():
@@ -154,3 +163,118 @@ def test_dispatch_follows_mqa_core_choice(monkeypatch):
     assert len(seen) == 1 and seen[0]["clean_logits"] is True and seen[0]["schedule"] is meta  # passed on
     ref = inp.reference()
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref)) and calc_diff(out, ref) < 1e-6
+
+
+# -- DeepGEMM's current names: fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits ------------------------
+
+def check_one_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    """float32 logits within DeepGEMM's bar of the float64 oracle; bf16 ones the oracle rounded once:
+    at most half a bf16 ulp (u = 2**-8 relative) beyond a float32 sum's error."""
+    assert calc_diff(got.float(), want) < (1e-5 if got.dtype == torch.bfloat16 else 1e-6)
+    if got.dtype == torch.bfloat16:
+        err = (got.double() - want).abs()
+        assert bool((err <= 2.0 ** -8 * want.abs() * (1 + 1e-5) + 1e-6 * want.abs().max()).all())
+
+
+@pytest.mark.parametrize("q_form", ["tensor", "pair"])
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("clean", [True, False])
+def test_fp8_fp4_mqa_logits_against_the_oracle(q_form, logits_dtype, clean):
+    """q as a tensor or (q, None), float32 or bf16 logits: the float64 oracle's values (bf16: within
+    one rounding, 2**-8 relative), the -inf mask exact with clean_logits."""
+    x = make_inputs(Problem(37, 83, 16, 64), window="ragged", seed=11)
+    ref = x.reference()
+    q = x.q if q_form == "tensor" else (x.q, None)
+    args = (q, (x.k, x.k_scale), x.weights, x.ks, x.ke)
+    out = deep_gemm.fp8_fp4_mqa_logits(*args, clean, 0, logits_dtype)
+    assert out.shape == (37, 83) and out.dtype == logits_dtype
+    inside = torch.isfinite(ref)
+    if clean:
+        assert torch.equal(torch.isneginf(out), ~inside)
+    check_one_rounding(out[inside], ref[inside])
+    legacy = deep_gemm.fp8_mqa_logits(x.q, (x.k, x.k_scale), x.weights, x.ks, x.ke, clean)
+    same = out if clean else out[inside]
+    assert torch.equal(same, (legacy if clean else legacy[inside]).to(logits_dtype))
+
+
+def test_fp8_fp4_mqa_logits_keyword_call_as_vllm_makes_it():
+    """vLLM's indexer: fp8_fp4_mqa_logits((q, q_scale), (k, k_scale), w, ks, ke, clean_logits=False)."""
+    x = make_inputs(Problem(20, 50, 32, 128), window="causal", seed=12)
+    out = deep_gemm.fp8_fp4_mqa_logits((x.q, None), (x.k, x.k_scale), x.weights, x.ks, x.ke, clean_logits=False)
+    ref = x.reference()
+    inside = torch.isfinite(ref)
+    assert out.dtype == torch.float32 and calc_diff(out[inside], ref[inside]) < 1e-6
+
+
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+def test_fp8_fp4_mqa_logits_compressed(logits_dtype):
+    x = make_inputs(Problem(29, 90, 16, 64), window="chunk", seed=13)
+    full = deep_gemm.fp8_fp4_mqa_logits(x.q, (x.k, x.k_scale), x.weights, x.ks, x.ke, False, 0, logits_dtype)
+    width = 40
+    out = deep_gemm.fp8_fp4_mqa_logits((x.q, None), (x.k, x.k_scale), x.weights, x.ks, x.ke, False, width,
+                                       logits_dtype)
+    assert out.shape == (29, width) and out.dtype == logits_dtype
+    ks, ke = x.ks.long(), x.ke.long().clamp(max=90)
+    for i in range(29):
+        for j in range(width):
+            p = int(ks[i]) + j
+            want = full[i, p] if 0 <= p < int(ke[i]) else torch.tensor(float("-inf"), dtype=logits_dtype)
+            assert torch.equal(out[i, j], want), (i, j)
+
+
+def test_fp8_fp4_argument_rules():
+    x = make_inputs(Problem(4, 16, 16, 64), seed=14)
+    kv = (x.k, x.k_scale)
+    with pytest.raises(TypeError, match="logits_dtype must be torch.float32 or torch.bfloat16, as in DeepGEMM"):
+        deep_gemm.fp8_fp4_mqa_logits(x.q, kv, x.weights, x.ks, x.ke, True, 0, torch.float16)
+    with pytest.raises(TypeError, match="q must be a tensor or \\(q, q_sf\\)"):
+        deep_gemm.fp8_fp4_mqa_logits((x.q,), kv, x.weights, x.ks, x.ke)
+    with pytest.raises(ValueError, match="needs clean_logits=False, as in DeepGEMM"):
+        deep_gemm.fp8_fp4_mqa_logits(x.q, kv, x.weights, x.ks, x.ke, True, 8)
+    # bfloat16 weights: only with bfloat16 logits (DeepGEMM's rule), then widened exactly
+    w16 = x.weights.to(torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16 weights need logits_dtype=torch.bfloat16"):
+        deep_gemm.fp8_fp4_mqa_logits(x.q, kv, w16, x.ks, x.ke)
+    out = deep_gemm.fp8_fp4_mqa_logits(x.q, kv, w16, x.ks, x.ke, logits_dtype=torch.bfloat16)
+    want = mqa_core.fp8_mqa_logits(x.q, kv, w16.float(), x.ks, x.ke, logits_dtype=torch.bfloat16)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("q_form", ["tensor", "pair"])
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+def test_fp8_fp4_paged_against_the_oracle(q_form, logits_dtype):
+    """DeepGEMM's current decode call: metadata, then schedule_meta sixth, clean_logits=False by
+    default, logits_dtype after it; 2-D lengths on a strided pool."""
+    inp = make_paged_inputs(4, 2, 16, 64, 200, block_size=64, seed=15)
+    lens = torch.tensor([[200, 3], [0, 0], [77, 150], [1, 64]], dtype=torch.int32)
+    pool = pad_paged_cache(inp.kv_cache, 256)
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens, 64, 132)
+    q = inp.q if q_form == "tensor" else (inp.q, None)
+    out = deep_gemm.fp8_fp4_paged_mqa_logits(q, pool, inp.weights, lens, inp.block_tables, meta, 200,
+                                             logits_dtype=logits_dtype)
+    ref = fp8_paged_mqa_logits_ref(inp.q, inp.kv_cache, inp.weights, lens, inp.block_tables, 200)
+    inside = torch.isfinite(ref)
+    assert out.shape == (8, 200) and out.dtype == logits_dtype
+    check_one_rounding(out[inside], ref[inside])
+    clean = deep_gemm.fp8_fp4_paged_mqa_logits(q, pool, inp.weights, lens, inp.block_tables, meta, 200, True,
+                                               logits_dtype)
+    assert torch.equal(torch.isneginf(clean), ~inside)  # -inf exact in bf16 too
+    legacy = deep_gemm.fp8_paged_mqa_logits(inp.q, pool, inp.weights, lens, inp.block_tables, meta, 200, True)
+    assert torch.equal(clean, legacy.to(logits_dtype))
+
+
+def test_paged_indices_follow_deep_gemm_rules():
+    """indices: int32 [B] with next_n = 1 (DeepGEMM's varlen rows); the logits do not change."""
+    inp = make_paged_inputs(5, 1, 16, 64, 120, block_size=64, seed=16)
+    meta = deep_gemm.get_paged_mqa_logits_metadata(inp.context_lens, 64, 8)
+    indices = torch.tensor([0, 0, 1, 1, 1], dtype=torch.int32)
+    assert torch.equal(deep_gemm.get_paged_mqa_logits_metadata(inp.context_lens, 64, 8, indices), meta)
+    args = (*inp.args()[:5], meta, 120, True)
+    plain = deep_gemm.fp8_fp4_paged_mqa_logits(*args)
+    assert torch.equal(deep_gemm.fp8_fp4_paged_mqa_logits(*args, torch.float32, indices), plain)
+    assert torch.equal(deep_gemm.fp8_paged_mqa_logits(*args, indices), plain)
+    with pytest.raises(TypeError, match=r"indices must be None or int32 \[B\]"):
+        deep_gemm.fp8_fp4_paged_mqa_logits(*args, torch.float32, indices.long())
+    two = make_paged_inputs(5, 2, 16, 64, 120, block_size=64, seed=17)
+    with pytest.raises(ValueError, match="indices .* need next_n = 1, as in DeepGEMM"):
+        deep_gemm.fp8_fp4_paged_mqa_logits(*two.args()[:5], meta, 120, False, torch.float32, indices)

@@ -119,7 +119,7 @@ NEAR_MISS_CASES = "spec or selection or window or positive or layout or paged an
 
 
 def test_kit_fails_every_wrong_provider(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seven near misses, each failing the kit on the CPU with a message that says where and by how much."""
+    """Eight near misses, each failing the kit on the CPU with a message that says where and by how much."""
     install_wrong_providers(pytester.path, monkeypatch)
     result, per = run_kit(pytester, list(WRONG), "--mqa-device", "cpu", "-k", NEAR_MISS_CASES)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -162,6 +162,17 @@ def test_kit_fails_every_wrong_provider(pytester: pytest.Pytester, monkeypatch: 
     assert "out-of-window cells" in msg and "not -inf" in msg and "one past the window" in msg, msg
     msg = next(m for i, o, m in per["wrong_lens1d"]["test_paged"] if o == "failed")
     assert "[wrong_lens1d] fp8_paged_mqa_logits" in msg and "context_lens=[B, next_n]=" in msg, msg
+    # bf16 logits truncated: right in float32, wrong in every bf16 case with positive data (whose
+    # bound is a fixed fraction of the logit), -inf masks untouched.
+    trunc = per["wrong_bf16trunc"]
+    assert outcomes({t: c for t, c in trunc.items() if "bf16" not in t})["failed"] == 0
+    assert {i for i in failed_ids(trunc, "test_prefill_bf16_logits")} >= {
+        f"wrong_bf16trunc-e4m3fn-edges-positive-{c}" for c in ("clean", "unclean")}
+    assert "wrong_bf16trunc-e4m3fn-B3-next2-positive" in failed_ids(trunc, "test_paged_bf16_logits")
+    msg = next(m for i, o, m in trunc["test_prefill_bf16_logits"] if o == "failed")
+    assert "logits_dtype=torch.bfloat16" in msg and "plus 0.00391 * (|exact| + that)" in msg, msg
+    # A provider that rounds to bf16 on its own is right whenever bf16 is asked for.
+    assert outcomes(per["wrong_bf16"], "test_prefill_bf16_logits")["failed"] == 0
 
 
 @pytest.mark.cuda

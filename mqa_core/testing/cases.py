@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import Problem, ProviderSpec, parse_dtypes
+from ..spec import FP4_PAIR, Problem, ProviderSpec, parse_dtypes
 from .data import windows as data_windows
 
 #: (q dtype name, k dtype name), as torch spells them without the prefix.
@@ -174,9 +174,12 @@ def arbitrary_lens(batch: int, next_n: int, max_context_len: int, seed: int) -> 
 
 
 def declared_pairs(spec: ProviderSpec, arch: str) -> list[Pair]:
-    """Every (q, k) dtype pair the spec accepts on ``arch`` (``spec.pairs_for``); on an arch it does
-    not serve, its ``dtypes`` as same-flavour pairs, so the kit still lists the cases that say why."""
-    return sorted(spec.pairs_for(arch) or {(d, d) for d in spec.dtypes})
+    """Every fp8 (q, k) dtype pair the spec accepts on ``arch`` (``spec.pairs_for``); on an arch it does
+    not serve, its ``dtypes`` as same-flavour pairs, so the kit still lists the cases that say why.
+    The FP4 pair is not among them: the kit's inputs are fp8 (FP4's arithmetic has its own oracle
+    tests, tests/test_fp4.py)."""
+    fp8 = {p for p in spec.pairs_for(arch) if p != FP4_PAIR}
+    return sorted(fp8 or {(d, d) for d in spec.dtypes})
 
 
 def parse_pair(text: str) -> Pair:

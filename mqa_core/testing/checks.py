@@ -74,13 +74,19 @@ class Windows:
         return f"{place}; {span}" if place else span
 
 
-def check_output(out: Any, shape: tuple[int, int], case: Case) -> torch.Tensor:
-    """The returned object is float32 logits of the right shape with a contiguous last dim."""
+#: Unit roundoff of each logits dtype the ops produce: the final rounding a cell's bound includes.
+ROUNDING = {torch.float32: 0.0, torch.bfloat16: 2.0 ** -8}
+
+
+def check_output(out: Any, shape: tuple[int, int], case: Case, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The returned object is logits of ``dtype`` (float32 unless the call asked for bf16) of the
+    right shape with a contiguous last dim."""
     assert isinstance(out, torch.Tensor), f"{case}: returned {type(out).__name__}, not a torch.Tensor"
     assert type(out) is torch.Tensor, \
         f"{case}: returned {type(out).__module__}.{type(out).__qualname__}, a subclass: logits must be " \
         "exactly torch.Tensor"
-    assert out.dtype == torch.float32, f"{case}: logits must be float32, got {out.dtype}"
+    name = str(dtype).removeprefix("torch.")
+    assert out.dtype == dtype, f"{case}: logits must be {name}, got {out.dtype}"
     assert tuple(out.shape) == tuple(shape), f"{case}: logits must have shape {list(shape)}, got {list(out.shape)}"
     assert out.shape[-1] <= 1 or out.stride(-1) == 1, \
         f"{case}: the last dim of logits must be contiguous, got strides {out.stride()}"
@@ -97,10 +103,12 @@ def _first(mask: torch.Tensor) -> tuple[int, int]:
 
 
 def check_values(got: torch.Tensor, want: torch.Tensor, t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                 case: Case, accumulation: Accumulation, wins: Windows, layout: Layout | None = None) -> float:
+                 case: Case, accumulation: Accumulation, wins: Windows, layout: Layout | None = None,
+                 rounding: float = 0.0) -> float:
     """In-window cells (rows[i], cols[i]): finite, and within the bound of :mod:`.bound` of the exact
-    value. ``got``, ``want`` and ``t`` (the magnitudes) are 1-D over those cells. Returns the
-    largest error as a fraction of its bound."""
+    value. ``got``, ``want`` and ``t`` (the magnitudes) are 1-D over those cells. ``rounding``: the
+    unit roundoff ``u`` of a final rounding of each logit (bf16 logits: 2**-8), which adds
+    ``u * (|exact| + bound)`` to each cell's bound. Returns the largest error as a fraction of its bound."""
     factor = accumulation.factor(case.problem.h, case.problem.d)
     got, want = got.double(), want.double()
     if got.numel() == 0:
@@ -114,6 +122,8 @@ def check_values(got: torch.Tensor, want: torch.Tensor, t: torch.Tensor, rows: t
             f"({m}, {n}), {wins.where(m, n)}: got {float(got[i])}, expected {float(want[i]):.9g}"
             f"{_layout_text(layout)}")
     bound = factor * t
+    if rounding:
+        bound = bound + rounding * (want.abs() + bound)
     err = (got - want).abs()
     ratio = err / bound.clamp_min(torch.finfo(torch.float64).tiny)
     worst = int(ratio.argmax())
@@ -124,7 +134,9 @@ def check_values(got: torch.Tensor, want: torch.Tensor, t: torch.Tensor, rows: t
             f"{case}: {over} of {got.numel()} in-window cells exceed the error bound; worst at ({m}, {n}), "
             f"{wins.where(m, n)}: got {float(got[worst]):.9g}, expected {float(want[worst]):.9g}, "
             f"|error| {float(err[worst]):.3g} = {float(ratio[worst]):.3g}x the bound {float(bound[worst]):.3g} "
-            f"(bound = {accumulation.text(case.problem.h, case.problem.d)}, T = {float(t[worst]):.4g})"
+            f"(bound = {accumulation.text(case.problem.h, case.problem.d)}"
+            + (f", plus {rounding:.3g} * (|exact| + that) for the logits' rounding" if rounding else "")
+            + f", T = {float(t[worst]):.4g})"
             f"{_layout_text(layout)}")
     return float(ratio.max())
 
@@ -160,16 +172,19 @@ def check_mask(got: torch.Tensor, wins: Windows, case: Case, *, clean: bool, lay
 
 
 def check_logits(out: Any, want: torch.Tensor, t: torch.Tensor, case: Case, *, clean: bool,
-                 accumulation: Accumulation, wins: Windows, layout: Layout | None = None) -> float:
+                 accumulation: Accumulation, wins: Windows, layout: Layout | None = None,
+                 dtype: torch.dtype = torch.float32) -> float:
     """The whole contract on one output, against the float64 ``want`` (-inf outside the windows) and
-    the magnitudes ``t`` (:func:`.bound.magnitudes`): shape and dtype, the -inf mask, and every
-    in-window cell within its own bound. Returns the largest error as a fraction of its bound."""
-    out = check_output(out, (want.shape[0], want.shape[1]), case)
+    the magnitudes ``t`` (:func:`.bound.magnitudes`): shape and dtype (``dtype``: the logits dtype
+    asked for), the -inf mask (exact in every dtype), and every in-window cell within its own bound
+    (with the dtype's final rounding). Returns the largest error as a fraction of its bound."""
+    out = check_output(out, (want.shape[0], want.shape[1]), case, dtype)
     check_mask(out, wins, case, clean=clean, layout=layout)
     inside = wins.mask(0, want.shape[0], want.shape[1], want.device)
     rows, cols = inside.nonzero(as_tuple=True)
     got = out.to(want.device)[rows, cols]
-    return check_values(got, want[rows, cols], t[rows, cols], rows, cols, case, accumulation, wins, layout)
+    return check_values(got, want[rows, cols], t[rows, cols], rows, cols, case, accumulation, wins, layout,
+                        ROUNDING[dtype])
 
 
 def check_identical(first: torch.Tensor, second: torch.Tensor, case: Case) -> None:

@@ -207,16 +207,18 @@ def kit(provider_name: str, dtype_pair: Pair, provider_cache: dict[str, dict[tup
 
 def run_prefill(kit: Kit, problem: Problem, *, window: str = "ragged", clean: bool = True,
                 k_scale_2d: bool = False, positive: bool = False, layout: str | None = None,
-                what: str = "") -> tuple[Inputs, torch.Tensor, Case]:
+                what: str = "", logits_dtype: torch.dtype = torch.float32) -> tuple[Inputs, torch.Tensor, Case]:
     """One poisoned call on fresh inputs, checked against the oracle; returns what a case reuses."""
     kit.require(PREFILL)
     return runner.run_prefill(kit.provider(PREFILL), kit.draw, problem, window=window, clean=clean,
-                              k_scale_2d=k_scale_2d, positive=positive, layout=layout, what=what)
+                              k_scale_2d=k_scale_2d, positive=positive, layout=layout, what=what,
+                              logits_dtype=logits_dtype)
 
 
 def run_paged(kit: Kit, x: PagedInputs, *, clean: bool, what: str,
-              schedule: torch.Tensor | None = None) -> torch.Tensor:
-    return runner.run_paged(kit.provider(PAGED), kit.draw, x, clean=clean, what=what, schedule=schedule)
+              schedule: torch.Tensor | None = None, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return runner.run_paged(kit.provider(PAGED), kit.draw, x, clean=clean, what=what, schedule=schedule,
+                            logits_dtype=logits_dtype)
 
 
 def paged_inputs(kit: Kit, batch: int, next_n: int, *, lens_2d: bool, positive: bool = False,
@@ -345,6 +347,18 @@ def test_prefill_fresh_output(kit: Kit) -> None:
     runner.run_fresh(kit.provider(PREFILL), kit.draw, x, "two calls, other weights")
 
 
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "unclean"])
+@pytest.mark.parametrize("window,positive", [("causal", False), ("ragged", False), ("edges", True)],
+                         ids=["causal", "ragged", "edges-positive"])
+def test_prefill_bf16_logits(kit: Kit, window: str, positive: bool, clean: bool) -> None:
+    """``logits_dtype=torch.bfloat16``: every in-window cell within its float32 bound plus one final
+    rounding to bf16 (u = 2**-8 of the cell), the -inf mask exact. Positive data makes the bound a
+    fixed fraction of the logit, so a second rounding or a truncation shows."""
+    m, n = sizes_for(kit.device).windows
+    run_prefill(kit, kit.main_problem(m, n), window=window, clean=clean, positive=positive,
+                logits_dtype=torch.bfloat16)
+
+
 def _enough_memory(kit: Kit, need: int) -> None:
     if kit.device.type != "cuda":
         return
@@ -380,6 +394,16 @@ def test_paged(kit: Kit, batch: int, next_n: int, lens_2d: bool, clean: bool) ->
     arbitrary per-row lengths (2-D: zero, the whole context, decreasing within a sequence)."""
     x = paged_inputs(kit, batch, next_n, lens_2d=lens_2d)
     run_paged(kit, x, clean=clean, what=f"batch={batch} next_n={next_n}")
+
+
+@pytest.mark.parametrize("batch,next_n,lens_2d,positive", [(4, 1, False, False), (3, 2, True, False),
+                                                          (3, 2, True, True), (2, 4, False, False)],
+                         ids=["B4-next1-lens1d", "B3-next2-lens2d", "B3-next2-positive", "B2-next4-lens1d"])
+def test_paged_bf16_logits(kit: Kit, batch: int, next_n: int, lens_2d: bool, positive: bool) -> None:
+    """The decode op with ``logits_dtype=torch.bfloat16``: bound plus one rounding, -inf exact."""
+    x = paged_inputs(kit, batch, next_n, lens_2d=lens_2d, positive=positive)
+    run_paged(kit, x, clean=True, what=f"batch={batch} next_n={next_n}" + (" positive data" if positive else ""),
+              logits_dtype=torch.bfloat16)
 
 
 @pytest.mark.parametrize("which", ["this step's", "another step's", "any table"])

@@ -88,20 +88,25 @@ def expected_paged(x: PagedInputs) -> tuple[torch.Tensor, torch.Tensor, Windows]
 
 
 def check_prefill(out: Any, x: Inputs, case: Case, *, clean: bool, accumulation: Accumulation | None = None,
-                  layout: Layout | None = None) -> float:
+                  layout: Layout | None = None, dtype: torch.dtype = torch.float32) -> float:
     """The whole contract on one prefill output for inputs ``x`` (see :func:`.checks.check_logits`);
     the bound's error model defaults to the inputs' device's. Returns the worst error / its bound."""
     want, t = expected(x)
     return check_logits(out, want, t, case, clean=clean, accumulation=accumulation or default_accumulation(x.q.device),
-                        wins=Windows.prefill(x.ks, x.ke, x.k.shape[0]), layout=layout)
+                        wins=Windows.prefill(x.ks, x.ke, x.k.shape[0]), layout=layout, dtype=dtype)
 
 
 def check_paged(out: Any, x: PagedInputs, case: Case, *, clean: bool, accumulation: Accumulation | None = None,
-                layout: Layout | None = None) -> float:
+                layout: Layout | None = None, dtype: torch.dtype = torch.float32) -> float:
     """:func:`check_prefill` for the paged op: each row sees its leading positions, capped by its table."""
     want, t, wins = expected_paged(x)
     return check_logits(out, want, t, case, clean=clean, accumulation=accumulation or default_accumulation(x.q.device),
-                        wins=wins, layout=layout)
+                        wins=wins, layout=layout, dtype=dtype)
+
+
+def _logits_kw(dtype: torch.dtype) -> dict[str, Any]:
+    """The call's keyword for a logits dtype: none for float32 (every provider's call, unchanged)."""
+    return {} if dtype == torch.float32 else {"logits_dtype": dtype}
 
 
 # -- cases -----------------------------------------------------------------------------------------
@@ -119,17 +124,20 @@ def prefill_inputs(draw: Draw, problem: Problem, *, window: str = "ragged", k_sc
 
 def run_prefill(provider: Provider, draw: Draw, problem: Problem, *, window: str = "ragged", clean: bool = True,
                 k_scale_2d: bool = False, positive: bool = False, layout: str | None = None,
-                what: str = "") -> tuple[Inputs, torch.Tensor, Case]:
+                what: str = "", logits_dtype: torch.dtype = torch.float32) -> tuple[Inputs, torch.Tensor, Case]:
     """One poisoned prefill call on fresh inputs, checked against the oracle; returns what a case reuses."""
     x = prefill_inputs(draw, problem, window=window, k_scale_2d=k_scale_2d, positive=positive, layout=layout)
     case = draw.case(provider.name, PREFILL, what or (f"window={window} clean_logits={clean} "
                                                       f"k_scale={'[N, 1]' if k_scale_2d else '[N]'}"
                                                       + (" positive data" if positive else "")
-                                                      + (f" layout={layout}" if layout else "")), problem)
+                                                      + (f" layout={layout}" if layout else "")
+                                                      + (f" logits_dtype={logits_dtype}"
+                                                         if logits_dtype != torch.float32 else "")), problem)
     untouched = Untouched(prefill_named(x))
-    out, out_layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=clean), draw.device)
+    kw = _logits_kw(logits_dtype)
+    out, out_layout = poisoned_call(lambda: provider.fp8_mqa_logits(*x.args(), clean_logits=clean, **kw), draw.device)
     untouched.check(case)
-    check_prefill(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout)
+    check_prefill(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout, dtype=logits_dtype)
     return x, out, case
 
 
@@ -181,19 +189,21 @@ def paged_inputs(draw: Draw, batch: int, next_n: int, h: int, d: int, context: i
 
 
 def run_paged(provider: Provider, draw: Draw, x: PagedInputs, *, clean: bool, what: str,
-              schedule: torch.Tensor | None = None) -> torch.Tensor:
+              schedule: torch.Tensor | None = None, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """One poisoned decode call on ``x`` (with the call hint ``schedule``), checked against the oracle."""
     b, next_n, h, d = x.q.shape
     problem = Problem(b * next_n, x.max_context_len, h, d)
     lens = x.context_lens.tolist()
     case = draw.case(provider.name, PAGED,
                      f"{what} context_lens={'[B, next_n]' if x.context_lens.dim() == 2 else '[B]'}="
-                     f"{lens} block_size={x.kv_cache.shape[1]} clean_logits={clean}", problem)
+                     f"{lens} block_size={x.kv_cache.shape[1]} clean_logits={clean}"
+                     + (f" logits_dtype={logits_dtype}" if logits_dtype != torch.float32 else ""), problem)
     untouched = Untouched(paged_named(x, schedule))
+    kw = _logits_kw(logits_dtype)
     out, out_layout = poisoned_call(lambda: provider.fp8_paged_mqa_logits(*x.args(), clean_logits=clean,
-                                                                          schedule=schedule), draw.device)
+                                                                          schedule=schedule, **kw), draw.device)
     untouched.check(case)
-    check_paged(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout)
+    check_paged(out, x, case, clean=clean, accumulation=draw.accumulation, layout=out_layout, dtype=logits_dtype)
     return out
 
 

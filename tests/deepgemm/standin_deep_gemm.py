@@ -27,7 +27,12 @@ from typing import Any
 
 import torch
 
-from mqa_core.reference import fp8_mqa_logits_ref, fp8_paged_mqa_logits_ref
+from mqa_core.reference import (
+    fp4_mqa_logits_ref,
+    fp4_paged_mqa_logits_ref,
+    fp8_mqa_logits_ref,
+    fp8_paged_mqa_logits_ref,
+)
 
 CALLS: list[dict[str, Any]] = []
 NUM_SMS = 132
@@ -132,10 +137,44 @@ def fp8_fp4_mqa_logits(q: Any, kv: Any, weights: torch.Tensor, cu_seq_len_k_star
                        logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     _assert(isinstance(q, tuple) and len(q) == 2, "q is a tuple (q_fp, q_sf)")
     q_fp, q_sf = q
-    _assert(q_sf is None, "stand-in: FP4 is not modelled")
     _assert(logits_dtype == torch.float32, "stand-in: float32 logits only")
+    if q_sf is not None:
+        return _prefill_fp4(q_fp, q_sf, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits,
+                            max_seqlen_k)
     return _prefill(q_fp, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k,
                     "fp8_fp4")
+
+
+def _prefill_fp4(q: torch.Tensor, q_sf: torch.Tensor, kv: Any, weights: torch.Tensor, ks: torch.Tensor,
+                 ke: torch.Tensor, clean_logits: bool, max_seqlen_k: int) -> torch.Tensor:
+    """FP4 (attention.hpp:88-118): sm_100 only, packed int8 q [M, H, D / 2] and kv [N, D / 2], int32
+    scales [M, H] and [N], all contiguous. Values in every row's window (the stand-in does not model
+    the block over-compute here), -inf outside with clean_logits, NaN otherwise; rows as the fp8 ones."""
+    kv_fp, kv_sf = kv
+    m, h, w = q.shape
+    d = 2 * w
+    _assert(_arch() == "sm_100", "arch_major == 10")
+    _assert(h in (8, 16, 32, 64), "num_heads == 8 or 16 or 32 or 64")
+    _assert(d in (64, 128), "head_dim == 64 or 128")
+    _assert(q.is_contiguous() and q.dtype == torch.int8, "q contiguous kPackedFP4 (int8)")
+    _assert(tuple(q_sf.shape) == (m, h) and q_sf.is_contiguous() and q_sf.dtype == torch.int32, "q_sf [M, H] int32")
+    _assert(kv_fp.dim() == 2 and 2 * kv_fp.shape[1] == d, "kv [N, D / 2]")
+    n = kv_fp.shape[0]
+    _assert(kv_fp.is_contiguous() and kv_fp.dtype == torch.int8, "kv contiguous kPackedFP4 (int8)")
+    _assert(tuple(kv_sf.shape) == (n,) and kv_sf.is_contiguous() and kv_sf.dtype == torch.int32, "kv_sf [N] int32")
+    _assert(tuple(weights.shape) == (m, h) and weights.stride(1) == 1 and weights.dtype == torch.float32,
+            "weights [M, H] float32")
+    _assert(max_seqlen_k == 0, "stand-in: compressed logits are not modelled")
+    CALLS.append({"op": "prefill", "generation": "fp8_fp4", "fp4": True, "q": q, "q_sf": q_sf, "k": kv_fp,
+                  "k_scale": kv_sf, "weights": weights, "ks": ks.clone(), "ke": ke.clone(),
+                  "clean_logits": clean_logits})
+    logits = torch.full((m, _align(n + 256, 256)), float("nan"), dtype=torch.float32)
+    ref = fp4_mqa_logits_ref(q, q_sf, kv_fp, kv_sf, weights, ks, ke).float()
+    inside = torch.isfinite(ref)
+    logits[:, :n][inside] = ref[inside]
+    if clean_logits:
+        logits[:, :n][~inside] = float("-inf")
+    return logits[:, :n]
 
 
 def fp8_mqa_logits(q: torch.Tensor, kv: Any, weights: torch.Tensor, cu_seq_len_k_start: torch.Tensor,
@@ -177,17 +216,26 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
 
 
 def _paged(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-           block_table: torch.Tensor, schedule_meta: torch.Tensor, max_context_len: int, clean_logits: bool
-           ) -> torch.Tensor:
+           block_table: torch.Tensor, schedule_meta: torch.Tensor, max_context_len: int, clean_logits: bool,
+           q_sf: torch.Tensor | None = None) -> torch.Tensor:
     b, next_n, h, d = q.shape
+    row = d  # bytes a token's values take in the cache
     _assert(next_n >= 1, "next_n >= 1")
-    _assert(h in _heads(), f"num_heads {h} in {_heads()} on {_arch()}")
-    _assert(d in (32, 64, 128), "head_dim == 32 or 64 or 128")
-    _assert(q.is_contiguous() and q.dtype == torch.float8_e4m3fn, "q contiguous e4m3fn")
+    if q_sf is not None:  # FP4 (attention.hpp:255-296): sm_100, packed int8 q, int32 scales, D / 2 + 4 bytes
+        d = 2 * row
+        _assert(_arch() == "sm_100", "arch_major == 10")
+        _assert(h in (8, 16, 32, 64) and d in (64, 128), "FP4: num_heads in 8..64, head_dim 64 or 128")
+        _assert(q.is_contiguous() and q.dtype == torch.int8, "q contiguous kPackedFP4 (int8)")
+        _assert(tuple(q_sf.shape) == (b, next_n, h) and q_sf.is_contiguous() and q_sf.dtype == torch.int32,
+                "q_sf [B, next_n, H] int32")
+    else:
+        _assert(h in _heads(), f"num_heads {h} in {_heads()} on {_arch()}")
+        _assert(d in (32, 64, 128), "head_dim == 32 or 64 or 128")
+        _assert(q.is_contiguous() and q.dtype == torch.float8_e4m3fn, "q contiguous e4m3fn")
     num_blocks, block_kv, heads_kv, d4 = kv_cache.shape
     blocks_ok = (64,) if (_arch() == "sm_90" or GENERATION == "legacy") else (32, 64)
     _assert(block_kv in blocks_ok, f"block_kv in {blocks_ok}")
-    _assert(heads_kv == 1 and d4 == d + 4, "kv_cache [num_blocks, block_kv, 1, D + 4]")
+    _assert(heads_kv == 1 and d4 == row + 4, "kv_cache [num_blocks, block_kv, 1, D + 4] (FP4: D / 2 + 4)")
     _assert(kv_cache.stride(1) == d4 and kv_cache.stride(3) == 1, "kv_cache stride(1) == D + 4, stride(3) == 1")
     if GENERATION == "legacy":
         _assert(kv_cache.stride(2) == d4, "kv_cache stride(2) == D + 4")
@@ -215,7 +263,8 @@ def _paged(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, conte
     if not torch.equal(schedule_meta, expected):
         raise DGError("stand-in: schedule_meta was not computed from these context_lens (the kernel "
                       "would mis-schedule)")
-    CALLS.append({"op": "paged", "generation": GENERATION, "q": q, "kv_cache": kv_cache, "weights": weights,
+    CALLS.append({"op": "paged", "generation": GENERATION, "fp4": q_sf is not None, "q": q, "q_sf": q_sf,
+                  "kv_cache": kv_cache, "weights": weights,
                   "context_lens": context_lens.clone(), "block_table": block_table,
                   "max_context_len": max_context_len, "clean_logits": clean_logits})
 
@@ -241,7 +290,11 @@ def _paged(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, conte
         table[0, :num_kv] = block_table[bi, :num_kv]
         seen = torch.full((1, next_n), blocks * block_kv, dtype=torch.int32)
         rows = slice(bi * next_n, (bi + 1) * next_n)
-        vals = fp8_paged_mqa_logits_ref(q[bi:bi + 1], kv_cache, weights[rows], seen, table, blocks * block_kv)
+        if q_sf is None:
+            vals = fp8_paged_mqa_logits_ref(q[bi:bi + 1], kv_cache, weights[rows], seen, table, blocks * block_kv)
+        else:
+            vals = fp4_paged_mqa_logits_ref(q[bi:bi + 1], q_sf[bi:bi + 1], kv_cache, weights[rows], seen, table,
+                                            blocks * block_kv)
         logits[rows, : blocks * block_kv] = vals.float()
     if clean_logits:  # legacy generation, 1-D lengths: row b*next_n+j keeps positions < lens[b]-next_n+j+1
         seen = context_lens.long()[:, None] - next_n + torch.arange(1, next_n + 1)[None, :]
@@ -254,10 +307,10 @@ def fp8_fp4_paged_mqa_logits(q: Any, kv_cache: torch.Tensor, weights: torch.Tens
                              block_table: torch.Tensor, schedule_meta: torch.Tensor, max_context_len: int,
                              clean_logits: bool = False, logits_dtype: torch.dtype = torch.float32,
                              indices: Any = None) -> torch.Tensor:
-    _assert(isinstance(q, tuple) and len(q) == 2 and q[1] is None, "q is a tuple (q_fp, None)")
+    _assert(isinstance(q, tuple) and len(q) == 2, "q is a tuple (q_fp, q_sf)")
     _assert(indices is None and logits_dtype == torch.float32, "stand-in: no varlen, float32 logits")
     return _paged(q[0], kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
-                  clean_logits)
+                  clean_logits, q[1])
 
 
 def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,

@@ -14,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from mqa_provider_flydsl import probe
+from mqa_provider_flydsl import aiter_probe, probe
 from provider_probes import fresh_probe_fixture
 
 KERNEL_SOURCE = (Path(__file__).parent / "standin_aiter_fp8_mqa_logits.py").read_text()
+#: AITER's Triton/Gluon entries (the ``aiter`` provider's), one stand-in module for both files.
+TRITON_SOURCE = (Path(__file__).parent / "standin_aiter_triton.py").read_text()
+TRITON_FILES = ("aiter/ops/triton/attention/fp8_mqa_logits.py", "aiter/ops/triton/attention/pa_mqa_logits.py")
 #: The released entry's module never names gfx950 in code; the stand-in's one mention is this line.
 RELEASED_SOURCE = KERNEL_SOURCE.replace('CDNA4 = "gfx950"', "CDNA4 = None")
 assert RELEASED_SOURCE != KERNEL_SOURCE and not re.search(r"""["']gfx950["']""", RELEASED_SOURCE)
@@ -117,6 +120,7 @@ raise RuntimeError("stand-in AITER: no ROCm/HIP runtime found (hipGetDeviceCount
 
 #: No cached AITER answer leaks between tests; the stand-in's arch defaults to gfx942.
 _fresh_probe = fresh_probe_fixture(probe, "MQA_TEST_AITER_GFX")
+_fresh_aiter_probe = fresh_probe_fixture(aiter_probe, "MQA_TEST_AITER_GFX")
 
 
 @pytest.fixture
@@ -135,7 +139,8 @@ def flydsl_pkg(install_dist) -> Callable[..., None]:
 
 @pytest.fixture
 def amd_aiter(install_dist, flydsl_pkg) -> Callable[..., None]:
-    """``amd_aiter(version=None, *, gfx950=True, entry=True, flydsl="0.2.4")`` installs a stand-in AITER.
+    """``amd_aiter(version=None, *, gfx950=True, entry=True, flydsl="0.2.4", triton=False)`` installs a
+    stand-in AITER (``triton=True``: with the Triton/Gluon entries the ``aiter`` provider calls).
 
     ``gfx950=True``: the later layout with the gfx950 path; False: a release, v0.1.18 to v0.1.20.post1
     (gfx942-only, entry exported only when flydsl is available). ``entry=False``: an AITER older than
@@ -143,10 +148,13 @@ def amd_aiter(install_dist, flydsl_pkg) -> Callable[..., None]:
     """
 
     def install(version: str | None = None, *, gfx950: bool = True, entry: bool = True,
-                flydsl: str | None = "0.2.4") -> None:
+                flydsl: str | None = "0.2.4", triton: bool = False) -> None:
         if flydsl is not None:
             flydsl_pkg(flydsl)
         files = {"aiter/__init__.py": AMD_INIT, "aiter/ops/__init__.py": ""}
+        if triton:  # AITER's Triton/Gluon entries (the aiter provider's)
+            files.update({"aiter/ops/triton/__init__.py": "", "aiter/ops/triton/attention/__init__.py": ""})
+            files.update({f: TRITON_SOURCE for f in TRITON_FILES})
         if gfx950:
             lazy = ({"flydsl_fp8_mqa_logits": (".fp8_mqa_logits_kernels", "flydsl_fp8_mqa_logits")}
                     if entry else {})

@@ -104,15 +104,21 @@ class DeepGEMMKernel:
                        weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
                        *, clean_logits: bool = True) -> torch.Tensor:
         """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in the window."""
-        api, _ = self._api(q.device)
+        fp4 = isinstance(q, tuple)  # FP4: (values, scales), kv likewise (mqa_core.spec.FP4)
+        device = q[0].device if fp4 else q.device
+        api, arch = self._api(device)
         k, k_scale = kv
-        m, n = q.shape[0], k.shape[0]
+        m, n = (q[0] if fp4 else q).shape[0], k.shape[0]
         if m == 0 or n == 0:
-            return _empty(m, n, clean_logits, q.device)
+            return _empty(m, n, clean_logits, device)
         ks = cu_seqlen_ks.clamp(0, n)
         ke = cu_seqlen_ke.clamp(max=n)
         torch.maximum(ke, ks, out=ke)
-        with _on(q.device):
+        with _on(device):
+            if fp4:
+                entry = _fp4_entry(api, arch, api.fp8_fp4_mqa_logits)
+                return entry((_tma(q[0]), _tma(q[1])), (_tma(k), _tma(k_scale)), _tma(weights), ks, ke,
+                             bool(clean_logits))
             return api.mqa_logits(_tma(q), _tma(k), _tma(k_scale.reshape(n)), _tma(weights), ks, ke,
                                   bool(clean_logits))
 
@@ -132,8 +138,13 @@ class DeepGEMMKernel:
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
                              *, clean_logits: bool = True) -> torch.Tensor:
-        """The decode variant over DeepGEMM's paged fp8 cache layout."""
-        api, arch = self._api(q.device)
+        """The decode variant over DeepGEMM's paged fp8 cache layout (FP4: q = (values, scales) over
+        DeepGEMM's FP4 cache, on sm_100)."""
+        fp4 = isinstance(q, tuple)
+        api, arch = self._api(q[0].device if fp4 else q.device)
+        if fp4:
+            return self._paged_fp4(api, arch, q, kv_cache, weights, context_lens, block_tables, max_context_len,
+                                   clean_logits)
         b, next_n, h, _ = q.shape
         block_size = kv_cache.shape[1]
         sizes = BLOCK_SIZES.get((api.generation, arch), COMMON_BLOCK_SIZES)
@@ -160,6 +171,29 @@ class DeepGEMMKernel:
             fill_tail(out, lens.view(-1))
         return out
 
+    def _paged_fp4(self, api: probe.Api, arch: str, q: tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
+                   weights: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
+                   max_context_len: int, clean_logits: bool) -> torch.Tensor:
+        """FP4 decode: DeepGEMM's fp8_fp4 paged entry with (values, scales), 2-D lengths as for fp8 (the
+        fp8_fp4 generation takes any next_n on sm_100, so no groups)."""
+        values, sf = q
+        b, next_n = values.shape[:2]
+        block_size = kv_cache.shape[1]
+        rows = b * next_n
+        if rows == 0 or max_context_len == 0:
+            return _empty(rows, max_context_len, clean_logits, values.device)
+        entry = _fp4_entry(api, arch, api.fp8_fp4_paged_mqa_logits)
+        lens = self._lens_2d(context_lens, next_n, min(max_context_len, block_tables.shape[1] * block_size))
+        work = _last_is_longest(lens) if context_lens.dim() == 2 and next_n > 1 else lens
+        tables = block_tables if block_tables.stride(1) == 1 else block_tables.contiguous()
+        with _on(values.device):
+            meta = api.paged_metadata(work, block_size, int(api.num_sms()))
+            out = entry((_tma(values), _tma(sf)), _page_pool(kv_cache), _tma(weights), work, tables, meta,
+                        max_context_len, False)
+        if clean_logits:
+            fill_tail(out, lens.view(-1))
+        return out
+
     @staticmethod
     def _grouped(api: probe.Api, q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor,
                  lens: torch.Tensor, tables: torch.Tensor, max_context_len: int, block_size: int,
@@ -176,6 +210,15 @@ class DeepGEMMKernel:
                                         part_lens, tables, meta, max_context_len)
             out[:, j0:j1].copy_(part.view(b, j1 - j0, max_context_len))
         return out.view(b * next_n, max_context_len)
+
+
+def _fp4_entry(api: probe.Api, arch: str, entry: Callable[..., Any] | None) -> Callable[..., Any]:
+    """DeepGEMM's fp8_fp4 entry for an FP4 call; a clear error where this DeepGEMM or arch has none
+    (the spec declares FP4 on sm_100 only, so selection sends no other FP4 call here)."""
+    if entry is None or arch != "sm_100":
+        raise RuntimeError(f"deepgemm: FP4 inputs need DeepGEMM's fp8_fp4 entries on sm_100; this is {arch} "
+                           f"with the {api.generation} DeepGEMM {api.version}")
+    return entry
 
 
 def _last_is_longest(lens: torch.Tensor) -> torch.Tensor:

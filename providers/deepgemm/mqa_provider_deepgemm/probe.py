@@ -72,6 +72,10 @@ class Api:
     paged_mqa_logits: Callable[..., Any]
     paged_metadata: Callable[..., Any]
     num_sms: Callable[[], int]
+    #: The fp8_fp4 generation's own entries (None for the legacy one), for FP4 calls: they take q as
+    #: ``(values, scales)`` and kv as ``(values, scales)`` as DeepGEMM does.
+    fp8_fp4_mqa_logits: Callable[..., Any] | None = None
+    fp8_fp4_paged_mqa_logits: Callable[..., Any] | None = None
 
 
 def _err(exc: BaseException) -> str:
@@ -120,7 +124,7 @@ def detect(module: Any, version: str = "") -> tuple[Api | None, str | None]:
             return paged((q, None), cache, weights, lens, table, meta, max_len, False)
 
         return Api("fp8_fp4", version, mqa_logits, paged_mqa_logits, module.get_paged_mqa_logits_metadata,
-                   module.get_num_sms), None
+                   module.get_num_sms, fp8_fp4, paged), None
     if not missing_old:
         legacy, legacy_paged = module.fp8_mqa_logits, module.fp8_paged_mqa_logits
 

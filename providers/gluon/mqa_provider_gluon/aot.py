@@ -56,14 +56,14 @@ def _target(name: str) -> GPUTarget:
 
 def compile_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig | None = None,
                 clean_logits: bool = True, q_dtype: str | None = None, k_dtype: str | None = None,
-                **extra: Any) -> dict[str, Any]:
+                out_dtype: str = "fp32", **extra: Any) -> dict[str, Any]:
     """Compile the kernel for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``) and return its asm
     dict (``ttgir``, ``ptx``/``cubin`` or ``amdgcn``/``hsaco``, ...), plus the compiled kernel's
     metadata under ``"metadata"``.
 
     ``q_dtype``/``k_dtype`` (torch names, :data:`TRITON_FP8`) are the pointer types the kernel is
     built for; by default e4m3fnuz on gfx942 and e4m3fn elsewhere, what the launcher passes for
-    e4m3fn inputs."""
+    e4m3fn inputs. ``out_dtype``: the logits' Triton type, ``"fp32"`` or ``"bf16"``."""
     tgt = _target(target)
     arch = target if target in TARGETS else next(k for k, v in TARGETS.items() if v == tgt)
     cfg = config or default_config(arch, h)
@@ -77,7 +77,7 @@ def compile_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig 
     types = {"q_ptr": q_fp8, "k_ptr": k_fp8,
              "k_desc": f"tensordesc<{k_fp8[1:]}[{cfg.block_n},{consts['D_PAD']}]>",
              "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32",
-             "ke_ptr": "*i32", "out_ptr": "*fp32"}
+             "ke_ptr": "*i32", "out_ptr": f"*{out_dtype}"}
     for p in fn.params:  # constexprs left at their defaults
         if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
             consts[p.name] = p.default

@@ -53,9 +53,14 @@ def paged_launcher(use_gluon: bool, device_index: int) -> tuple[Launcher, Callab
     return fp8_paged_mqa_logits_triton, prepare, False
 
 
-def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor | None, *args: Any) -> Any:
-    """``fn(*args)``, with ``schedule=`` where ``fn`` reads one (``reads``) and the call has one."""
-    return fn(*args) if schedule is None or not reads else fn(*args, schedule=schedule)
+def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor | None, *args: Any,
+                   logits_dtype: torch.dtype | None = None) -> Any:
+    """``fn(*args)``, with ``schedule=`` where ``fn`` reads one (``reads``) and the call has one, and
+    ``logits_dtype=`` where the call asks for other logits than float32."""
+    kw: dict[str, Any] = {} if logits_dtype is None else {"logits_dtype": logits_dtype}
+    if schedule is not None and reads:
+        kw["schedule"] = schedule
+    return fn(*args, **kw) if kw else fn(*args)
 
 
 @dataclass(frozen=True)
@@ -65,41 +70,48 @@ class MqaKernels:
 
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                        cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
-                       clean_logits: bool = True) -> torch.Tensor:
+                       clean_logits: bool = True, logits_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``logits_dtype`` (mqa-core's hint, given for bf16 logits only): the kernels write bf16 themselves."""
         k, k_scale = kv  # k_scale [N] or [N, 1]: both launchers take either as it is
-        return prefill_launcher(self.use_gluon, q.get_device())(q, k, k_scale, weights, cu_seqlen_ks,
-                                                                 cu_seqlen_ke, clean_logits)
+        launch = prefill_launcher(self.use_gluon, q.get_device())
+        if logits_dtype is None:
+            return launch(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+        return launch(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, logits_dtype=logits_dtype)
 
     def prepare_fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                                cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,
-                               clean_logits: bool = True) -> Launcher | None:
+                               clean_logits: bool = True, logits_dtype: torch.dtype | None = None) -> Launcher | None:
         """mqa-core's optional per-signature call (docs/writing-a-provider.md): the device's launcher's
         bound launch with everything the signature fixes worked out once (its module's ``prepare``),
         or None where calls take the full path."""
         launcher = prefill_launcher(self.use_gluon, q.get_device())
         k, k_scale = kv
         prepare = sys.modules[launcher.__module__].prepare
-        return prepare(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+        if logits_dtype is None:
+            return prepare(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits)
+        return prepare(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, clean_logits, logits_dtype=logits_dtype)
 
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int, *,
-                             clean_logits: bool = True, schedule: torch.Tensor | None = None) -> torch.Tensor:
+                             clean_logits: bool = True, schedule: torch.Tensor | None = None,
+                             logits_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``schedule`` (``mqa_core.paged_schedule``) is read by the Gluon sm_90 kernel, not by the
-        Triton one; the logits are the same either way."""
+        Triton one; the logits are the same either way. ``logits_dtype``: as for prefill."""
         launch, _, reads = paged_launcher(self.use_gluon, q.get_device())
         return _with_schedule(launch, reads, schedule, q, kv_cache, weights, context_lens, block_tables,
-                              max_context_len, clean_logits)
+                              max_context_len, clean_logits, logits_dtype=logits_dtype)
 
     def prepare_fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                      context_lens: torch.Tensor, block_tables: torch.Tensor,
                                      max_context_len: int, *, clean_logits: bool = True,
-                                     schedule: torch.Tensor | None = None) -> Launcher | None:
+                                     schedule: torch.Tensor | None = None,
+                                     logits_dtype: torch.dtype | None = None) -> Launcher | None:
         """mqa-core's optional per-signature call (docs/writing-a-provider.md): the device's decode
         launch with everything the signature fixes worked out once, or None where calls take the full
         path. It takes ``schedule`` as the call does."""
         _, prepare, reads = paged_launcher(self.use_gluon, q.get_device())
         return _with_schedule(prepare, reads, schedule, q, kv_cache, weights, context_lens, block_tables,
-                              max_context_len, clean_logits)
+                              max_context_len, clean_logits, logits_dtype=logits_dtype)
 
 
 GLUON = MqaKernels(use_gluon=True)

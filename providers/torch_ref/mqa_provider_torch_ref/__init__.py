@@ -6,13 +6,16 @@ This module is the entry point: it holds only the spec, so listing providers imp
 from __future__ import annotations
 
 from mqa_core import DTYPE_PAIRS, ProviderSpec, hookimpl
+from mqa_core.spec import FP4_PAIR
 
 SPEC = ProviderSpec(
     name="torch_ref",
     ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"},
     archs={"any"},
-    # Every (q, k) pair of the contract on every arch: the kernel upcasts q and k each from its own dtype.
-    dtype_pairs=DTYPE_PAIRS,
+    # Every fp8 (q, k) pair of the contract on every arch: the kernel upcasts q and k each from its own
+    # dtype. FP4 (decoded exactly) on the CPU only, as the oracle of the format: on a GPU an FP4 call
+    # should meet a kernel that serves it (deepgemm on sm_100) or a clear refusal, not a slow fallback.
+    dtype_pairs={"any": DTYPE_PAIRS, "cpu": (*DTYPE_PAIRS, FP4_PAIR)},
     priority=0,
     load="mqa_provider_torch_ref.kernels:KERNELS",
     description="exact fp32 PyTorch on any device, chunked to a memory bound (MQA_TORCH_REF_MEMORY_MB)",

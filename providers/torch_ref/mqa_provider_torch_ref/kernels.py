@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mqa_core import env_positive_number
+from mqa_core import env_positive_number, fp4
 from mqa_core.reference import split_paged_cache, visible_lengths
 
 DEFAULT_MEMORY_MB = 512
@@ -68,13 +68,19 @@ class TorchRefKernels:
 
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                        weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
-                       *, clean_logits: bool = True) -> torch.Tensor:
+                       *, clean_logits: bool = True, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Exact float32 logits, rounded once to ``logits_dtype`` (bfloat16: as each chunk is stored).
+        FP4 inputs (``q = (values, scales)``, ``kv = (k values, k scales)``) are decoded exactly to
+        float32 first (``mqa_core.fp4``); they have no key scale."""
         k, k_scale = kv
+        if isinstance(q, tuple):
+            q, k = fp4.dequantize(*q), fp4.dequantize(k, k_scale)
+            k_scale = torch.ones(k.shape[0], dtype=torch.float32, device=k.device)
         k_scale = k_scale.reshape(-1).float()
         m, h, d = q.shape
         n = k.shape[0]
         # -inf everywhere first: out-of-window cells are -inf (clean) and never NaN (not clean).
-        out = torch.full((m, n), float("-inf"), dtype=torch.float32, device=q.device)
+        out = torch.full((m, n), float("-inf"), dtype=logits_dtype, device=q.device)
         if m == 0 or n == 0:
             return out
         ks = cu_seqlen_ks.long().clamp(0, n)
@@ -92,17 +98,23 @@ class TorchRefKernels:
 
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor,
-                             max_context_len: int, *, clean_logits: bool = True) -> torch.Tensor:
+                             max_context_len: int, *, clean_logits: bool = True,
+                             logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Per sequence, keys gathered through the block table in column chunks. Strided page pools
         are read in place (views, no copy of the pool); 2-D lengths may take any values; a position
         whose block id is outside [0, num_blocks) is -inf and its block is never read."""
+        packed = isinstance(q, tuple)  # FP4: q = (values, scales); the cache holds packed values + scale words
+        if packed:
+            q = fp4.dequantize(*q)
         b, next_n, h, d = q.shape
-        out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float32,
-                         device=q.device)
+        out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=logits_dtype, device=q.device)
         if out.numel() == 0 or kv_cache.shape[0] == 0:
             return out
-        values, scales = split_paged_cache(kv_cache)
-        values = values.view(q.dtype)
+        if packed:
+            values, scales = fp4.split_paged_cache(kv_cache)
+        else:
+            values, scales = split_paged_cache(kv_cache)
+            values = values.view(q.dtype)
         blocks, block_size = values.shape[0], values.shape[1]
         covered = min(max_context_len, block_tables.shape[1] * block_size)
         ke = visible_lengths(context_lens, next_n).clamp(0, covered)
@@ -122,7 +134,10 @@ class TorchRefKernels:
 
             def keys(c0: int, c1: int, blk: torch.Tensor = blk, off: torch.Tensor = off
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-                return values[blk[c0:c1], off[c0:c1]], scales[blk[c0:c1], off[c0:c1]]
+                v, sc = values[blk[c0:c1], off[c0:c1]], scales[blk[c0:c1], off[c0:c1]]
+                if packed:  # decoded per chunk; no key scale
+                    return fp4.dequantize(v, sc), torch.ones(c1 - c0, dtype=torch.float32, device=v.device)
+                return v, sc
 
             for r0 in range(0, next_n, rc):
                 r1 = min(next_n, r0 + rc)

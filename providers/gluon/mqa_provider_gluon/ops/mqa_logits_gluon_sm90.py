@@ -223,7 +223,7 @@ def _epilogue(acc, w_row, ks_ptr, ke_ptr, ksc_ptr, out_ptr, out_stride, m0, n0, 
         inwin = (n2 >= gl.expand_dims(ks, 0)) & (n2 < gl.expand_dims(ke, 0))
         s = gl.where(inwin, s, float("-inf"))
     ptrs = out_ptr + m2.to(gl.int64) * out_stride + n2
-    gl.store(ptrs, s, mask=(n2 < N) & (m2 < M))
+    gl.store(ptrs, s.to(out_ptr.dtype.element_ty), mask=(n2 < N) & (m2 < M))  # bf16 logits: rounded to nearest
 
 @_jit
 def _fill_neg_inf(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, BN: gl.constexpr,
@@ -233,7 +233,7 @@ def _fill_neg_inf(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, 
     offs_m = m0 + gl.arange(0, BQ, layout=gl.SliceLayout(0, olay))
     m2 = gl.expand_dims(offs_m, 0)
     row = out_ptr + m2.to(gl.int64) * out_stride
-    ninf = gl.full([BN, BQ], float("-inf"), gl.float32, olay)
+    ninf = gl.full([BN, BQ], float("-inf"), out_ptr.dtype.element_ty, olay)
     for t in range(first, last):
         n2 = gl.expand_dims(t * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, olay)), 1)
         gl.store(row + n2, ninf, mask=(n2 < N) & (m2 < M))
@@ -488,7 +488,7 @@ def _p_store(s, ksc, n0, rows, ks, ke, mrow, N, BN: gl.constexpr, CLEAN: gl.cons
     n2 = gl.expand_dims(n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, olay)), 1)
     if CLEAN:
         s = gl.where((n2 >= ks) & (n2 < ke), s, float("-inf"))
-    gl.store(rows + n2, s, mask=(n2 < N) & mrow)
+    gl.store(rows + n2, s.to(rows.dtype.element_ty), mask=(n2 < N) & mrow)
 
 @_jit
 def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
@@ -612,7 +612,7 @@ def _fill_rows(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, BN:
     CH: gl.constexpr = 2 * BN
     lay: gl.constexpr = gl.BlockedLayout([CH // 32], [32], [1], [0])
     offs = gl.arange(0, CH, layout=lay)
-    ninf = gl.full([CH], float("-inf"), gl.float32, lay)
+    ninf = gl.full([CH], float("-inf"), out_ptr.dtype.element_ty, lay)
     lim = gl.minimum(last * BN, N)
     for r in range(gl.minimum(BQ, M - m0)):
         row = out_ptr + (m0 + r).to(gl.int64) * out_stride
@@ -891,9 +891,15 @@ def _prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: t
     return _aligned(q), _aligned(k), k_scale, weights, ks, ke
 
 
-def _new_output(M: int, N: int, device: torch.device) -> torch.Tensor:
-    """[M, N] fp32 with rows padded to 4 floats (16 bytes, as TMA and vector stores want)."""
-    return torch.empty_strided((M, N), ((N + 3) // 4 * 4, 1), dtype=torch.float32, device=device)
+def _row(N: int, dtype: torch.dtype) -> int:
+    """The output's row stride: N rounded up to 16 bytes (as TMA and vector stores want)."""
+    per = 16 // dtype.itemsize
+    return (N + per - 1) // per * per
+
+
+def _new_output(M: int, N: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[M, N] logits (float32 or bfloat16) with rows padded to 16 bytes."""
+    return torch.empty_strided((M, N), (_row(N, dtype), 1), dtype=dtype, device=device)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -903,10 +909,12 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                          ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = True, *,
-                         config: dict[str, Any] | None = None, direct: bool = True) -> torch.Tensor:
+                         config: dict[str, Any] | None = None, direct: bool = True,
+                         logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) inside [ks[m], ke[m]).
 
-    Returns an [M, N] fp32 view whose row stride is N rounded up to 4 floats (16 bytes, for TMA); 16
+    Returns an [M, N] view of ``logits_dtype`` (float32, or bfloat16: each logit rounded once to
+    nearest even as it is stored) whose row stride is N rounded up to 16 bytes (for TMA); 64 bytes
     when ``config`` sends the call to the Triton kernel (``kernel="triton"``).
     Without ``config``, :func:`shape_config` picks one from (M, N, H) and the device's SM count.
     The first call of a signature (devices, dtypes, strides, alignments, config) decides the kernel,
@@ -921,7 +929,7 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
     kst = k.stride()
     dev = q.get_device()
-    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, ptrs)
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, ptrs, logits_dtype)
     plan = _PLANS.get(key)
     if plan is None:
         if len(set(key[:6])) != 1:
@@ -932,13 +940,14 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
     if plan.name == "triton":
         from .mqa_logits_triton import fp8_mqa_logits_triton
 
-        return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, clean_logits, direct=direct)
+        return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, clean_logits, direct=direct,
+                                     logits_dtype=logits_dtype)
     if plan.prepare:
         q, k, k_scale, weights, ks, ke = _prepare(q, k, k_scale, weights, ks, ke)
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
                 ke.data_ptr())
         kst = k.stride()
-    out = _new_output(M, N, plan.device)
+    out = _new_output(M, N, plan.device, logits_dtype)
     n_pad = out.stride(0)
     if M == 0 or N == 0:
         return out.fill_(float("-inf")) if clean_logits else out
@@ -964,7 +973,7 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
 
 def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
                ke: torch.Tensor, clean_logits: bool, config: dict[str, Any] | None,
-               ptrs: tuple[int, ...]) -> tuple[Any, ...]:
+               ptrs: tuple[int, ...], logits_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
     """The key of plans (and, with the launch ints' classes, of bound kernels): devices, the config
     (``config``, else the one :func:`shape_config` picks), dtypes, H, D, strides, and each data pointer
     (``ptrs``) only as far as its 16-byte alignment."""
@@ -975,7 +984,7 @@ def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights:
     return (dev, k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
             ke.get_device(), clean_logits, chosen, q.dtype, k.dtype,
             k_scale.dtype, weights.dtype, ks.dtype, ke.dtype, H, D, q.stride(), k.stride(), k_scale.stride(),
-            weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+            weights.stride(), ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs), logits_dtype)
 
 
 def _grid(plan: _Plan, M: int, N: int, n_pad: int) -> tuple[tuple[int, int], tuple[int, ...]]:
@@ -1009,6 +1018,7 @@ class PreparedCall:
     clean_logits: bool
     #: The six start addresses modulo 16 it was prepared for (``launch.residues``; None: all 0).
     residues: tuple[int, ...] | None
+    logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                  ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
@@ -1017,9 +1027,10 @@ class PreparedCall:
         # a profiler's hook sees every launch (Triton's own path); other alignments, another kernel
         if hooks_active() or ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
                               if self.residues is None else residues(ptrs) != self.residues):
-            return fp8_mqa_logits_gluon(q, k, k_scale, weights, ks, ke, self.clean_logits)
+            return fp8_mqa_logits_gluon(q, k, k_scale, weights, ks, ke, self.clean_logits,
+                                        logits_dtype=self.logits_dtype)
         plan = self.plan
-        out = torch.empty_strided(self.size, (self.n_pad, 1), dtype=torch.float32, device=plan.device)
+        out = torch.empty_strided(self.size, (self.n_pad, 1), dtype=self.logits_dtype, device=plan.device)
         out_ptrs: tuple[int, ...] = (out.data_ptr(),)
         if plan.name == "pws":  # the counters are read only by the dynamic kernel
             sched = _scheduler(plan.device.index, plan.device) if plan.cfg["dynamic"] else out
@@ -1029,7 +1040,7 @@ class PreparedCall:
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
-            ke: torch.Tensor, clean_logits: bool = True) -> Any:
+            ke: torch.Tensor, clean_logits: bool = True, logits_dtype: torch.dtype = torch.float32) -> Any:
     """The :class:`PreparedCall` for calls like this one (the default config), once a call of its
     signature has bound a launch; the Triton kernel's (``mqa_logits_triton.prepare``) where the config
     sends the call there; None where such calls do not take the bound launch (a Triton without
@@ -1037,21 +1048,22 @@ def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: to
     :func:`fp8_mqa_logits_gluon`, already checked by it on an earlier call."""
     clean_logits = bool(clean_logits)
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, None, ptrs)
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, None, ptrs, logits_dtype)
     plan = _PLANS.get(key)
     if plan is not None and plan.name == "triton":
         from .mqa_logits_triton import prepare as prepare_triton
 
-        return prepare_triton(q, k, k_scale, weights, ks, ke, clean_logits)
+        return prepare_triton(q, k, k_scale, weights, ks, ke, clean_logits, logits_dtype=logits_dtype)
     M, N = q.shape[0], k.shape[0]
     if plan is None or plan.prepare or not plan.direct or not (M and N):
         return None
-    n_pad = (N + 3) // 4 * 4  # as _new_output
+    n_pad = _row(N, logits_dtype)  # as _new_output
     grid, ints = _grid(plan, M, N, n_pad)
     bound = _BOUND.get((key, *map(int_class, ints)))
     if not bound:
         return None
-    return PreparedCall(bound, plan, (M, N), n_pad, grid, ints, k.stride(0), clean_logits, residues(ptrs))
+    return PreparedCall(bound, plan, (M, N), n_pad, grid, ints, k.stride(0), clean_logits, residues(ptrs),
+                        logits_dtype)
 
 
 def _q_descriptor(q: torch.Tensor, plan: _Plan) -> Any:
@@ -1193,12 +1205,13 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None,
-                 divisible: tuple[str, ...] = ()):
+                 divisible: tuple[str, ...] = (), out_dtype: str = "fp32"):
     """Compile the kernel ahead of time for sm_90 (no GPU needed); returns triton's CompiledKernel.
 
     ``.asm["cubin"]`` holds the binary; disassemble it with the cuobjdump shipped with triton.
     ``divisible``: int parameters to compile as multiples of 16, as Triton specialises them at run
-    time when they are (e.g. ``("out_stride", "N")`` for N % 16 == 0).
+    time when they are (e.g. ``("out_stride", "N")`` for N % 16 == 0). ``out_dtype``: the logits'
+    Triton type, ``"fp32"`` or ``"bf16"``.
     """
     reason = _triton_version_reason()
     if reason:
@@ -1218,7 +1231,7 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
         return f"tensordesc<fp8e4nv[{shape[0]}, {shape[1]}],{layout!r}>"
 
     sig = {"q_desc": desc([cfg["BQ"] * H, D], lay), "k_desc": desc([cfg["BN"], D], klay), "w_ptr": "*fp32",
-           "ksc_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "out_stride": "i32",
+           "ksc_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": f"*{out_dtype}", "out_stride": "i32",
            "M": "i32", "N": "i32"}
     if name == "pws":
         sig = {**{k: v for k, v in sig.items() if k not in ("out_stride", "M", "N")}, "sched_ptr": "*i32",

@@ -27,8 +27,14 @@ from ..launch import BoundKernel, bind, direct_launch_unsupported, hooks_active,
 __all__ = ["PreparedCall", "TritonConfig", "constexprs", "default_config", "fp8_mqa_logits_triton", "kernel",
            "prepare"]
 
-#: The output's row stride is rounded up to this many floats, so each row starts 64-byte aligned.
-_ROW_ALIGN = 16
+#: The output's row stride is rounded up to this many bytes, so each row starts 64-byte aligned.
+_ROW_BYTES = 64
+
+
+def _row(n: int, itemsize: int) -> int:
+    """The output's row stride in elements for ``n`` columns of ``itemsize`` bytes."""
+    align = _ROW_BYTES // itemsize
+    return -(-max(n, 1) // align) * align
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,11 +156,17 @@ def _mqa_logits_kernel(
         if CLEAN:
             rel = (offs_n[:, None] - ks[None, :]).to(tl.uint32, bitcast=True)
             logits = tl.where(rel < width[None, :], logits, float("-inf"))
-        tl.store(out_rows + offs_n[:, None], logits, mask=n_ok[:, None] & m_ok[None, :])
+        if out_ptr.dtype.element_ty == tl.bfloat16:
+            # bf16 logits: rounded once to nearest even, in the bits (the conversion that follows is then
+            # exact: Triton's interpreter truncates where compiled code rounds). -inf keeps its bits.
+            bits = logits.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            logits = bits.to(tl.float32, bitcast=True)
+        tl.store(out_rows + offs_n[:, None], logits.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
     if CLEAN:
         # Tiles of this split outside every window of the block: nobody computed them.
-        ninf = tl.full((BLOCK_N, BLOCK_M), float("-inf"), tl.float32)
+        ninf = tl.full((BLOCK_N, BLOCK_M), float("-inf"), tl.float32).to(out_ptr.dtype.element_ty)
         for t in range(t_begin, c_begin):
             offs_n = t * BLOCK_N + offs_n0
             tl.store(out_rows + offs_n[:, None], ninf, mask=(offs_n < N)[:, None] & m_ok[None, :])
@@ -286,10 +298,9 @@ def _tma_usable(arch: str, d: int, k_ptr: int, k_stride: tuple[int, ...]) -> boo
     return nvidia and _d_pad(d) <= 128 and k_ptr % 16 == 0 and k_stride[0] % 16 == 0 and k_stride[1] == 1
 
 
-def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
-    """[m, n] fp32 whose rows start 64-byte aligned (the row stride is n rounded up to 16)."""
-    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
-    return torch.empty_strided((m, n), (row, 1), dtype=torch.float32, device=device)
+def _new_output(m: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[m, n] logits (float32 or bfloat16) whose rows start 64-byte aligned."""
+    return torch.empty_strided((m, n), (_row(n, dtype.itemsize), 1), dtype=dtype, device=device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,7 +399,7 @@ def _on_device(index: int) -> contextlib.AbstractContextManager[Any]:
 
 def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool, config: TritonConfig | None,
-               interpret: bool, ptrs: tuple[int, ...]) -> tuple[Any, ...]:
+               interpret: bool, ptrs: tuple[int, ...], logits_dtype: torch.dtype) -> tuple[Any, ...]:
     """The key of plans and bound kernels: everything the plan and Triton's specialisation read, except
     the sizes M and N (the kernel does not specialise on them; the grid is computed per call) and each
     tensor's data pointer (``ptrs``) beyond its 16-byte alignment."""
@@ -396,7 +407,7 @@ def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights:
     return (q.get_device(), k.get_device(), k_scale.get_device(), weights.get_device(), ks.get_device(),
             ke.get_device(), interpret, clean_logits, config, q.dtype, k.dtype, k_scale.dtype, weights.dtype,
             ks.dtype, ke.dtype, q.shape[1], q.shape[2], q.stride(), k.stride(), k_scale.stride(), weights.stride(),
-            ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs))
+            ks.stride(), ke.stride(), misaligned and tuple(p & 15 == 0 for p in ptrs), logits_dtype)
 
 
 def _grid(plan: _Plan, m: int, n: int) -> tuple[int, int, int]:
@@ -413,12 +424,13 @@ def _grid(plan: _Plan, m: int, n: int) -> tuple[int, int, int]:
 def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
                           weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor,
                           clean_logits: bool = True, *, config: TritonConfig | None = None,
-                          direct: bool = True) -> torch.Tensor:
+                          direct: bool = True, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) for ks[m] <= n < ke[m].
 
     Inputs follow DESIGN.md's contract (fp8 q [M, H, D] and k [N, D], k_scale [N] or [N, 1], weights
     [M, H] fp32, int32 windows), in a (q, k) dtype pair the arch serves (``DTYPE_PAIRS``). Returns
-    [M, N] fp32 whose row stride is N rounded up to 16 floats. On gfx942 an e4m3fn operand is
+    [M, N] logits of ``logits_dtype`` (float32, or bfloat16: each logit rounded once to nearest even
+    as it is stored) whose rows start 64-byte aligned. On gfx942 an e4m3fn operand is
     relabelled exactly to e4m3fnuz first; nothing else is converted or copied unless its layout needs it.
 
     The first call of a signature (devices, dtypes, strides, alignments, config) decides all of that
@@ -430,7 +442,7 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
     m = q.shape[0]
     n = k.shape[0]
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, interpret, ptrs)
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, interpret, ptrs, logits_dtype)
     plan = _PLANS.get(key)
     if plan is None:
         if len(set(key[:6])) != 1:
@@ -442,7 +454,7 @@ def fp8_mqa_logits_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tenso
         q, k, k_scale, weights, ks, ke = _prepare(plan, q, k, k_scale, weights, ks, ke)
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(),
                 ke.data_ptr())
-    out = _new_output(m, n, plan.device)
+    out = _new_output(m, n, plan.device, logits_dtype)
     if m == 0 or n == 0:
         return out
 
@@ -513,6 +525,7 @@ class PreparedCall:
     clean_logits: bool
     #: The six start addresses modulo 16 it was prepared for (``launch.residues``; None: all 0).
     residues: tuple[int, ...] | None
+    logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                  ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
@@ -521,16 +534,17 @@ class PreparedCall:
         if triton.knobs.runtime.interpret or hooks_active() or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
-            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits)
-        out = torch.empty_strided(self.size, (self.row, 1), dtype=torch.float32, device=self.plan.device)
+            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits,
+                                         logits_dtype=self.logits_dtype)
+        out = torch.empty_strided(self.size, (self.row, 1), dtype=self.logits_dtype, device=self.plan.device)
         _launch_bound(self.bound, self.plan, self.grid, ptrs, self.strides, k, out.data_ptr(), *self.size,
                       self.row, self.splits, self.tiles_per_split)
         return out
 
 
 def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
-            ke: torch.Tensor, clean_logits: bool = True, *, config: TritonConfig | None = None
-            ) -> PreparedCall | None:
+            ke: torch.Tensor, clean_logits: bool = True, *, config: TritonConfig | None = None,
+            logits_dtype: torch.dtype = torch.float32) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one, once a call of its signature has bound a
     launch; None where such calls do not take the bound launch (the interpreter, a Triton without
     direct launches, ROCm, operands that need a conversion or copy, an empty output, sizes past 32
@@ -539,13 +553,13 @@ def prepare(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: to
         return None
     clean_logits = bool(clean_logits)
     ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, False, ptrs)
+    key = _signature(q, k, k_scale, weights, ks, ke, clean_logits, config, False, ptrs, logits_dtype)
     plan, bound = _PLANS.get(key), _BOUND.get(key)
     m, n = q.shape[0], k.shape[0]
-    row = -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN  # as _new_output
+    row = _row(n, logits_dtype.itemsize)  # as _new_output
     if plan is None or not bound or plan.prepare or not plan.direct or not (m and n) or (m | n | row) >> 31:
         return None
     grid, splits, tiles_per_split = _grid(plan, m, n)
     return PreparedCall(bound, plan, (m, n), row, grid, splits, tiles_per_split,
                         (q.stride(), k.stride(0), k_scale.stride(0), weights.stride(0)), clean_logits,
-                        residues(ptrs))
+                        residues(ptrs), logits_dtype)

@@ -34,11 +34,13 @@ four warps are replicas; no bar.sync), and publishes it in shared memory behind 
 the loader, the other math warpgroups and the filler (round 11: the cross-warp scan it replaced
 parked all 17 warps at CTA barriers before the first copy).
 
-Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= next_n * H <= 128, next_n a power of
-two, block_size a multiple of 64, 16-byte aligned q / pool / strides. :func:`unsupported` says why a
-call is outside it; the provider then serves the call with the Triton kernel. The provider sends a
-call here only for the classes in :data:`MEASURED_AHEAD`: next_n in (1, 2) with H in (32, 64), each
-measured ahead of the Triton kernel on the H200 once this build's GPU tests passed there
+Scope: sm_90, e4m3fn, D in {64, 128}, H a power of two with 8 <= P * H <= 128 where P is next_n rounded
+up to a power of two (next_n = 3 computes a fourth row it never stores; next_n above 2 runs with two
+math warpgroups, :func:`default_config_for`), block_size a multiple of 64, 16-byte aligned q / pool /
+strides. :func:`unsupported` says why a call is outside it; the provider then serves the call with the
+Triton kernel. The provider sends a call here only for the classes in :data:`MEASURED_AHEAD`: next_n in
+(1, 2) with H in (32, 64), each measured ahead of the Triton kernel on the H200 once this build's GPU
+tests passed there
 (cb9ff2b:bench/README.md, rounds 9 and 10).
 """
 
@@ -128,6 +130,14 @@ class GluonPagedConfig:
 PDL_VARIABLE = "MQA_GLUON_PDL"
 
 
+def default_config_for(next_n: int) -> GluonPagedConfig:
+    """:func:`default_config` for a call's next_n: above 2 (MTP's 3 and 4 draft tokens), two math
+    warpgroups and an 8-deep ring, as four at next_n * H = 128 spill the loader's 24 registers (sm_90
+    AOT builds, tests/gluon/test_paged_mqa_logits_gluon.py)."""
+    cfg = default_config()
+    return dataclasses.replace(cfg, math_wgs=2, stages=8) if next_n > 2 else cfg
+
+
 def default_config() -> GluonPagedConfig:
     """The config of a call given none: the defaults, launched as :data:`PDL_VARIABLE` says (as the
     current state read it, once, like every ``MQA_*`` variable: ``mqa_core.reload()`` reads it again).
@@ -153,6 +163,12 @@ try:  # guarded: the module must import on any triton; gluon_supported() reports
     from .mqa_logits_gluon_sm90 import mma_layout
 
     _jit = gluon.jit
+
+    @gluon.constexpr_function
+    def rows_pad(next_n):
+        """The query rows a sequence's tensors hold: next_n rounded up to a power of two (a next_n of 3
+        computes a fourth row, all zeros or the next sequence's, never stored)."""
+        return 1 << (int(next_n) - 1).bit_length()
     SCHED_N = gl.constexpr(SCHED)
     _jit_sizes = gluon.jit(do_not_specialize=["num_seqs", "max_ctx", "covered", "num_blocks"])
 except Exception:  # pragma: no cover - depends on the installed triton
@@ -404,7 +420,7 @@ def _loader(q_desc, w_desc, kv_desc, sc_desc, q_smem, w_smem, k_smem, sc_smem, i
             PRESPLIT: gl.constexpr, TRACE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
     """One warp: walks this CTA's tiles, issuing their TMA copies STAGES ahead of the math. Block ids
     are read 32 at a time, the next 32 requested while the current ones are issued."""
-    NQ: gl.constexpr = NEXT_N * H
+    NQ: gl.constexpr = NEXT_N * H  # the sequence's q rows in global memory (its box may hold more)
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     if TRACE:
         _stamp(sched_ptr, 13, lay, False)
@@ -497,19 +513,23 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
           NEXT_N: gl.constexpr, H: gl.constexpr, STAGES: gl.constexpr, MATH_WGS: gl.constexpr,
           LENS_2D: gl.constexpr, CLEAN: gl.constexpr, PRESPLIT: gl.constexpr, TRACE: gl.constexpr,
           RELEASE: gl.constexpr, SC_SLOTS: gl.constexpr, LATE_INIT: gl.constexpr):
-    """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``."""
-    NQ: gl.constexpr = NEXT_N * H
+    """One math warpgroup: the tiles ``g`` of the CTA's tile counter with ``g % MATH_WGS == WG``. The
+    tensors hold NP = next_n rounded up to a power of two rows per sequence; rows past next_n are
+    computed (their lengths are 0) and never stored."""
+    NP: gl.constexpr = rows_pad(NEXT_N)
+    NQ: gl.constexpr = NP * H
     mlay: gl.constexpr = mma_layout(64, NQ, 4)
     # The head sum's result layout (what the compiler infers for the reduction of the accumulator):
     # the positions, rows, lengths and scales are built in it, so no tile result changes layout.
     rlay: gl.constexpr = _head_sum(gl.zeros([64, NQ], gl.float32, mlay), gl.zeros([1, NQ], gl.float32, mlay),
-                                   NEXT_N, H).type.layout
+                                   NP, H).type.layout
     slay: gl.constexpr = gl.SliceLayout(1, rlay)
     jlay: gl.constexpr = gl.SliceLayout(0, rlay)
     idl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     offs_t = gl.expand_dims(gl.arange(0, 64, layout=slay), 1)
-    offs_j = gl.arange(0, NEXT_N, layout=jlay)
+    offs_j = gl.arange(0, NP, layout=jlay)
+    real_j = offs_j < NEXT_N  # all true unless next_n is not a power of two
     if WG == 0:
         if TRACE:
             _stamp(sched_ptr, 0, idl, True)
@@ -530,11 +550,15 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
     g = 0
     qn = 0
     spent = gl.zeros([4], gl.int64, gl.BlockedLayout([4], [32], [4], [0]))  # trace=1: data, wgmma, epilogue, tiles
-    lens_n = _row_lens(cl_ptr, va, offs_j, True, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    lens_n = _row_lens(cl_ptr, va, offs_j, real_j, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+    if NP != NEXT_N:
+        lens_n = gl.where(real_j, lens_n, 0)
     for v in range(va, v_end):
         lens = lens_n
         more = v + 1 < v_end  # the next sequence's lengths, requested now
-        lens_n = _row_lens(cl_ptr, v + 1, offs_j, more, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        lens_n = _row_lens(cl_ptr, v + 1, offs_j, more & real_j, covered, stride_clb, stride_clj, NEXT_N, LENS_2D)
+        if NP != NEXT_N:
+            lens_n = gl.where(real_j, lens_n, 0)
         t_lo = gl.where(v == va, ta, 0)
         tiles = gl.cdiv(gl.max(lens, 0), 64)
         t_hi = gl.where(v == vb, gl.minimum(tb + 1, tiles), tiles)
@@ -574,10 +598,14 @@ def _math(q_smem, w_smem, k_smem, sc_smem, ids, ready, empty, q_ready, q_empty, 
                 mbarrier.expect(empty.index(s), 0)
             else:
                 mbarrier.arrive(empty.index(s), count=1)
-            r = _head_sum(acc, w_row, NEXT_N, H)
+            r = _head_sum(acc, w_row, NP, H)
             p2 = (t_lo + i) * 64 + offs_t
             seen = (p2 < lens2) & (blk >= 0) & (blk < num_blocks)
-            gl.store(rows + p2, gl.where(seen, r * sc, float("-inf")), mask=p2 < max_ctx)
+            logits = gl.where(seen, r * sc, float("-inf")).to(rows.dtype.element_ty)
+            if NP == NEXT_N:
+                gl.store(rows + p2, logits, mask=p2 < max_ctx)
+            else:
+                gl.store(rows + p2, logits, mask=(p2 < max_ctx) & gl.expand_dims(real_j, 0))
             if TRACE:
                 spent = _account(spent, c0, c1, c2, _tick(idl))
         mbarrier.arrive(q_empty.index(qs), count=1)
@@ -605,7 +633,7 @@ def _filler(split, split_ready, cl_ptr, out_ptr, covered, max_ctx, stride_clb, s
     """One warp: -inf into this CTA's share of the tiles past each sequence's computed ones."""
     lay: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
     offs = gl.arange(0, 64, layout=lay)
-    ninf = gl.full([64], float("-inf"), gl.float32, lay)
+    ninf = gl.full([64], float("-inf"), out_ptr.dtype.element_ty, lay)
     t_max = gl.cdiv(max_ctx, 64)
     fa, fta, fb, ftb, fv_end = _get_range(split, split_ready, 6, lay)
     for v in range(fa, fv_end):
@@ -659,12 +687,13 @@ def _paged_kernel_ws(q_desc, w_desc, kv_desc, sc_desc, cl_ptr, bt_ptr, sched_ptr
                      TRIGGER: gl.constexpr, RELEASE: gl.constexpr, LATE_INIT: gl.constexpr,
                      num_warps: gl.constexpr):
     gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
-    NQ: gl.constexpr = NEXT_N * H
+    NP: gl.constexpr = rows_pad(NEXT_N)  # a sequence's rows in the tensors (q's and w's TMA boxes)
+    NQ: gl.constexpr = NP * H
     D: gl.constexpr = q_desc.block_type.shape[1]
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NQ, D], q_desc.layout)
     # The float32 TMA targets take their descriptors' layouts, so the allocator aligns them as TMA needs
     # (128 bytes); the math reads them through flat views of the same bytes.
-    w_smem = gl.allocate_shared_memory(gl.float32, [2, NEXT_N, H], w_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.float32, [2, NP, H], w_desc.layout)
     k_smem = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, 64, D],
                                        gl.NVMMASharedLayout.get_default_for([64, D], kv_desc.dtype))
     # With RELEASE the scales and block ids sit in a deeper ring than the values: tile g's slot is
@@ -795,6 +824,12 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def _rows_pad(next_n: int) -> int:
+    """next_n rounded up to a power of two: the rows a sequence's q and weights boxes hold (the kernel's
+    ``rows_pad``)."""
+    return 1 << (next_n - 1).bit_length()
+
+
 def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                 block_tables: torch.Tensor) -> str | None:
     """None when this kernel serves the call, else why not (the caller then uses the Triton kernel)."""
@@ -804,9 +839,9 @@ def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, 
     b, next_n, h, d = q.shape
     if q.dtype != torch.float8_e4m3fn:
         return f"q is {q.dtype}; the Gluon paged kernel reads float8_e4m3fn"
-    if d not in (64, 128) or not (_pow2(next_n) and _pow2(h) and 8 <= next_n * h <= 128):
-        return (f"next_n={next_n}, H={h}, D={d}: the Gluon paged kernel needs D in (64, 128), next_n and H "
-                "powers of two and 8 <= next_n * H <= 128")
+    if d not in (64, 128) or not (_pow2(h) and 8 <= _rows_pad(next_n) * h <= 128):
+        return (f"next_n={next_n}, H={h}, D={d}: the Gluon paged kernel needs D in (64, 128), H a power of two "
+                "and 8 <= P * H <= 128, P = next_n rounded up to a power of two")
     if kv_cache.shape[1] % TILE:
         return f"block_size {kv_cache.shape[1]} is not a multiple of {TILE}"
     if q.stride() != (next_n * h * d, h * d, d, 1) or q.data_ptr() % 16:
@@ -821,12 +856,13 @@ def unsupported(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, 
 
 
 def _q_descriptor(q: torch.Tensor) -> Any:
-    """q [B, next_n, H, D] as [B * next_n * H, D] rows, one [next_n * H, D] box per sequence."""
+    """q [B, next_n, H, D] as [B * next_n * H, D] rows, one [P * H, D] box per sequence (P: next_n rounded
+    up to a power of two)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b, next_n, h, d = q.shape
-    nq = next_n * h
-    return TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [nq, d], _layouts(d, nq)[0])
+    nq, box = next_n * h, _rows_pad(next_n) * h  # a box past the last sequence reads zeros (TMA bounds)
+    return TensorDescriptor(q.view(b * nq, d), [b * nq, d], [d, 1], [box, d], _layouts(d, box)[0])
 
 
 def _w_descriptor(weights: torch.Tensor, next_n: int) -> Any:
@@ -834,7 +870,7 @@ def _w_descriptor(weights: torch.Tensor, next_n: int) -> Any:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     m, h = weights.shape
-    return TensorDescriptor(weights, [m, h], [weights.stride(0), 1], [next_n, h], _layouts(16, 16)[2])
+    return TensorDescriptor(weights, [m, h], [weights.stride(0), 1], [_rows_pad(next_n), h], _layouts(16, 16)[2])
 
 
 def _kv_descriptors(kv_cache: torch.Tensor, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -874,13 +910,14 @@ _LAUNCHES_MAX = 256
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
                tables: torch.Tensor, clean: bool, cfg: GluonPagedConfig | None,
-               ptrs: tuple[int, ...], presplit: bool = False) -> tuple[Any, ...]:
+               ptrs: tuple[int, ...], presplit: bool = False,
+               logits_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
     """What the compiled kernel and its launch depend on: device, dtypes, sizes but B and the pool's
     block count, every stride (Triton specialises the stride arguments), the five pointers' 16-byte
     residues (``ptrs``: q, pool, weights, lengths, tables), the clean mode and the config."""
     return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(), weights.stride(),
             weights.dtype, lens.dtype, lens.dim(), lens.stride(), tables.dtype, tables.stride(), clean, cfg, presplit,
-            (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 and residues(ptrs))
+            (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 and residues(ptrs), logits_dtype)
 
 
 def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
@@ -889,20 +926,21 @@ def _ptrs(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: 
 
 
 def _tail(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, tables: torch.Tensor,
-          max_context_len: int) -> tuple[Any, ...]:
+          max_context_len: int, logits_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
     """The kernel's arguments after the output pointer (B ... the constexprs), in parameter order."""
     nb, bs = kv_cache.shape[:2]
     return (q.shape[0], max_context_len, min(max_context_len, tables.shape[1] * bs), nb, *launch.strides,
-            _row(max_context_len), *launch.constexprs)
+            _row(max_context_len, logits_dtype.itemsize), *launch.constexprs)
 
 
 def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, ptrs: tuple[int, ...],
-         size: tuple[int, int], index: int | None, tail: tuple[Any, ...], sched: int = 0) -> torch.Tensor:
+         size: tuple[int, int], index: int | None, tail: tuple[Any, ...], sched: int = 0,
+         logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The hot path for a non-empty call (B, max_context_len and the pool's blocks all > 0): allocate
     the output (``size``), hand the pointers (``ptrs``, as :func:`_ptrs`), the cached descriptor
     encodings and ``tail`` (:func:`_tail`) to the bound launcher; ``sched``: the schedule table's
     address (0: none, the lengths' address goes in its place)."""
-    out = _new_output(size[0], size[1], weights)
+    out = _new_output(size[0], size[1], weights, logits_dtype)
     bound = launch.bound
     b, nb = tail[0], tail[3]
     # keyed per tensor (an engine's q, weights and per-layer pools combine into many more triples)
@@ -914,20 +952,27 @@ def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torc
     return out
 
 
-def _new_output(m: int, n: int, weights: torch.Tensor) -> torch.Tensor:
-    """[m, n] fp32 on the weights' device, with the Triton kernel's row stride (``_row``). The weights
-    are float32 here (:func:`unsupported`), so their ``new_empty_strided`` is ``torch.empty_strided(...,
-    dtype=float32, device=...)`` without parsing either argument; every output of this module comes
-    from here (the tests poison it)."""
-    return weights.new_empty_strided((m, n), (_row(n), 1))
+def _new_output(m: int, n: int, weights: torch.Tensor, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[m, n] logits on the weights' device, with the Triton kernel's row stride (``_row``). The weights
+    are float32 here (:func:`unsupported`), so for float32 logits their ``new_empty_strided`` is
+    ``torch.empty_strided(..., dtype=float32, device=...)`` without parsing either argument; every output
+    of this module comes from here (the tests poison it)."""
+    if logits_dtype is _F32:
+        return weights.new_empty_strided((m, n), (_row(n), 1))
+    return weights.new_empty_strided((m, n), (_row(n, logits_dtype.itemsize), 1), dtype=logits_dtype)
+
+
+_F32 = torch.float32
 
 
 def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
                                clean_logits: bool = True, *, config: GluonPagedConfig | None = None,
-                               schedule: torch.Tensor | None = None) -> torch.Tensor:
+                               schedule: torch.Tensor | None = None,
+                               logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The paged op (contract of ``fp8_paged_mqa_logits_triton``) on this kernel: ``[B * next_n,
-    max_context_len]`` float32, rows padded to 16 floats. Raises ValueError with :func:`unsupported`'s
+    max_context_len]`` of ``logits_dtype`` (bfloat16: rounded to nearest as stored), rows padded to 64
+    bytes. Raises ValueError with :func:`unsupported`'s
     reason outside its scope. The first call of a signature compiles and binds the launch; later ones
     allocate the output and launch (descriptors encoded once per pointer and size). ``schedule``: a
     precomputed split (:func:`schedule_unsupported` says what it must be), read instead of worked out."""
@@ -938,9 +983,9 @@ def fp8_paged_mqa_logits_gluon(q: torch.Tensor, kv_cache: torch.Tensor, weights:
             raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config, ptrs,
-                     schedule is not None)
+                     schedule is not None, logits_dtype)
     return _call(_LAUNCHES.get(key), key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                 clean_logits, config, schedule)
+                 clean_logits, config, schedule, logits_dtype)
 
 
 def schedule_unsupported(schedule: torch.Tensor, device: torch.device) -> str | None:
@@ -960,25 +1005,25 @@ def schedule_unsupported(schedule: torch.Tensor, device: torch.device) -> str | 
 def _call(launch: _Launch | None, key: tuple[Any, ...], ptrs: tuple[int, ...], q: torch.Tensor,
           kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor, block_tables: torch.Tensor,
           max_context_len: int, clean_logits: bool, config: GluonPagedConfig | None,
-          schedule: torch.Tensor | None = None) -> torch.Tensor:
+          schedule: torch.Tensor | None = None, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """:func:`fp8_paged_mqa_logits_gluon` once its signature ``key`` (with ``launch``, what
     ``_LAUNCHES`` holds for it) is known: the bound launch, or the checks, Triton's launch and binding."""
     if launch is not None and launch.bound and not hooks_active() and q.shape[0] and max_context_len \
             and kv_cache.shape[0]:
         return _run(launch, q, kv_cache, weights, ptrs, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
-                    _tail(launch, q, kv_cache, block_tables, max_context_len),
-                    0 if schedule is None else schedule.data_ptr())
+                    _tail(launch, q, kv_cache, block_tables, max_context_len, logits_dtype),
+                    0 if schedule is None else schedule.data_ptr(), logits_dtype)
     reason = unsupported(q, kv_cache, weights, context_lens, block_tables)
     if reason:
         raise ValueError(f"fp8_paged_mqa_logits_gluon: {reason}")
     b, next_n, h, d = q.shape
     nb, bs = kv_cache.shape[:2]
-    out = _new_output(b * next_n, max_context_len, weights)
+    out = _new_output(b * next_n, max_context_len, weights, logits_dtype)
     if out.numel() == 0:
         return out
     if nb == 0:
         return out.fill_(float("-inf"))
-    cfg = config or (launch.config if launch is not None else default_config())
+    cfg = config or (launch.config if launch is not None else default_config_for(next_n))
     lens_2d = context_lens.dim() == 2
     strides = (*(context_lens.stride() if lens_2d else (context_lens.stride(0), 0)), block_tables.stride(0))
     constexprs = _constexprs(cfg, next_n, h, bs, lens_2d, clean_logits, schedule is not None)
@@ -1017,6 +1062,7 @@ class PreparedCall:
     #: The launch reads a schedule: calls of this signature come with one that :func:`schedule_unsupported`
     #: accepts (mqa-core's signature holds the schedule's layout); without, a call given one ignores it.
     scheduled: bool = False
+    logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, schedule: torch.Tensor | None = None) -> torch.Tensor:
@@ -1025,25 +1071,26 @@ class PreparedCall:
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
-                                              self.clean_logits, schedule=_usable(schedule, q))
+                                              self.clean_logits, schedule=_usable(schedule, q),
+                                              logits_dtype=self.logits_dtype)
         return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail,
-                    schedule.data_ptr() if self.scheduled else 0)
+                    schedule.data_ptr() if self.scheduled else 0, self.logits_dtype)
 
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
-            scheduled: bool = False) -> PreparedCall | None:
+            scheduled: bool = False, logits_dtype: torch.dtype = torch.float32) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one (default config; ``scheduled``: calls come
     with a schedule this kernel reads) once a call of its signature has bound a launch, else None (also
     for an empty output or pool: the full path handles those)."""
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                                      ptrs, scheduled))
+                                      ptrs, scheduled, logits_dtype))
     if launch is None or not launch.bound or not (q.shape[0] and max_context_len and kv_cache.shape[0]):
         return None
     return PreparedCall(launch, (q.shape[0] * q.shape[1], max_context_len), q.device.index,
-                        _tail(launch, q, kv_cache, block_tables, max_context_len), max_context_len,
-                        bool(clean_logits), residues(ptrs), scheduled)
+                        _tail(launch, q, kv_cache, block_tables, max_context_len, logits_dtype), max_context_len,
+                        bool(clean_logits), residues(ptrs), scheduled, logits_dtype)
 
 
 def _usable(schedule: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor | None:
@@ -1080,37 +1127,41 @@ def _batch_here(q: torch.Tensor) -> bool:
 
 def fp8_paged_mqa_logits_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                               context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
-                              clean_logits: bool = True, schedule: torch.Tensor | None = None) -> torch.Tensor:
+                              clean_logits: bool = True, schedule: torch.Tensor | None = None,
+                              logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ``gluon`` provider's paged op on sm_90: this kernel where :func:`serves` (decided once per
     call signature), with ``schedule`` where it can read it, else the Triton kernel (which reads none)."""
     clean_logits = bool(clean_logits)
     if not _batch_here(q):
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                           clean_logits)
+                                           clean_logits, logits_dtype=logits_dtype)
     ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
     schedule = _usable(schedule, q)
-    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, schedule is not None)
+    key = _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, None, ptrs, schedule is not None,
+                     logits_dtype)
     launch = _LAUNCHES.get(key)
     if launch is None and (key in _TRITON_ROUTE or not serves(q, kv_cache, weights, context_lens, block_tables)):
         if len(_TRITON_ROUTE) >= _LAUNCHES_MAX:
             _TRITON_ROUTE.clear()
         _TRITON_ROUTE.add(key)
         return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len,
-                                           clean_logits)
+                                           clean_logits, logits_dtype=logits_dtype)
     return _call(launch, key, ptrs, q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
-                 None, schedule)
+                 None, schedule, logits_dtype)
 
 
 def prepare_sm90(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True,
-                 schedule: torch.Tensor | None = None) -> Any:
+                 schedule: torch.Tensor | None = None, logits_dtype: torch.dtype = torch.float32) -> Any:
     """:func:`fp8_paged_mqa_logits_sm90`'s prepared call: this kernel's or the Triton kernel's."""
     scheduled = _usable(schedule, q) is not None
     key = _signature(q, kv_cache, weights, context_lens, block_tables, bool(clean_logits), None,
-                     _ptrs(q, kv_cache, weights, context_lens, block_tables), scheduled)
+                     _ptrs(q, kv_cache, weights, context_lens, block_tables), scheduled, logits_dtype)
     if key in _TRITON_ROUTE or not _batch_here(q):
-        return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits)
-    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, scheduled)
+        return prepare_triton(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
+                              logits_dtype=logits_dtype)
+    return prepare(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits, scheduled,
+                   logits_dtype)
 
 
 def _multiprocessors(index: int | None) -> int:
@@ -1118,7 +1169,8 @@ def _multiprocessors(index: int | None) -> int:
 
 
 def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64, lens_2d: bool = True,
-                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: bool = False) -> Any:
+                 clean_logits: bool = False, config: GluonPagedConfig | None = None, presplit: bool = False,
+                 out_dtype: str = "fp32") -> Any:
     """Compile ahead of time for sm_90 (no GPU needed); triton's CompiledKernel (``asm["cubin"]``).
     ``presplit``: the build that reads a precomputed schedule."""
     import triton
@@ -1127,12 +1179,13 @@ def compile_sm90(*, next_n: int = 2, h: int = 64, d: int = 128, block_size: int 
 
     cfg = config or default_config()
     fn = _paged_kernel_ws
-    q_lay, kv_lay, sc_lay = _layouts(d, next_n * h)
-    sig = {"q_desc": f"tensordesc<fp8e4nv[{next_n * h}, {d}],{q_lay!r}>",
-           "w_desc": f"tensordesc<fp32[{next_n}, {h}],{sc_lay!r}>",
+    rows = _rows_pad(next_n)
+    q_lay, kv_lay, sc_lay = _layouts(d, rows * h)
+    sig = {"q_desc": f"tensordesc<fp8e4nv[{rows * h}, {d}],{q_lay!r}>",
+           "w_desc": f"tensordesc<fp32[{rows}, {h}],{sc_lay!r}>",
            "kv_desc": f"tensordesc<fp8e4nv[1, {TILE}, {d}],{kv_lay!r}>",
            "sc_desc": f"tensordesc<fp32[1, {TILE}],{sc_lay!r}>",
-           "cl_ptr": "*i32", "bt_ptr": "*i32", "sched_ptr": "*i32", "out_ptr": "*fp32"}
+           "cl_ptr": "*i32", "bt_ptr": "*i32", "sched_ptr": "*i32", "out_ptr": f"*{out_dtype}"}
     for name in ("num_seqs", "max_ctx", "covered", "num_blocks", "stride_clb", "stride_clj", "stride_btb",
                  "stride_om"):
         sig[name] = "i32"

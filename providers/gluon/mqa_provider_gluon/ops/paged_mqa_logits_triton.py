@@ -63,8 +63,8 @@ from .mqa_logits_triton import _interpreting  # the interpreter fixes of Triton 
 __all__ = ["PagedConfig", "PreparedCall", "VARIANTS", "compile_for", "default_config",
            "fp8_paged_mqa_logits_triton", "kernel", "prepare", "resident_programs"]
 
-#: Output rows are padded to this many floats, so each row starts 64-byte aligned.
-_ROW_ALIGN = 16
+#: Output rows are padded to this many bytes (16 floats, 32 bf16), so each row starts 64-byte aligned.
+_ROW_BYTES = 64
 #: At most this many query rows (next_n * padded H) per program: the accumulator is TILE x ROWS fp32.
 _MAX_ROWS = 128
 #: Sequences the schedule scans per step (one int32 per thread of a 4-warp program).
@@ -228,7 +228,7 @@ def _paged_kernel(
     # -- the -inf tails: tiles past each context, shared out like the work; done first, so that
     # none of its values stay live (in registers) through the work loop -----------------------
     if CLEAN:
-        ninf = tl.full((TILE, NG), float("-inf"), tl.float32)
+        ninf = tl.full((TILE, NG), float("-inf"), tl.float32).to(out_ptr.dtype.element_ty)
         fv_end = tl.where(f_hi > f_lo, fb + 1, fa)
         for v in range(fa, fv_end):
             b = v // NUM_GROUPS
@@ -374,7 +374,18 @@ def _tile_out(k, scale, blk_ok, pos, lens, max_ctx, j_ok, out_rows, q_t, w, q0_t
     else:
         seen = (pos[:, None] < lens[None, :]) & blk_ok[:, None]
     logits = tl.where(seen, logits, float("-inf"))
-    tl.store(out_rows + pos[:, None], logits, mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+    tl.store(out_rows + pos[:, None], _as_logits(logits, out_rows), mask=(pos < max_ctx)[:, None] & j_ok[None, :])
+
+
+def _as_logits(x, ptrs):
+    """float32 logits in the element type of ``ptrs``: bf16 rounded once to nearest even, in the bits
+    (the conversion that follows is then exact: Triton's interpreter truncates where compiled code
+    rounds; -inf keeps its bits)."""
+    if ptrs.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(ptrs.dtype.element_ty)
 
 
 def _add5(a0, a1, a2, a3, a4, b0, b1, b2, b3, b4):
@@ -494,7 +505,7 @@ def _scales(kv_scales, blk, t, offs_t, hi, num_blocks, block_words, BS: tl.const
     return scale
 
 
-_HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales, _keys,
+_HELPERS = (_add5, _locate, _row_lens, _tiles, _row_operands, _ids, _scales, _prefetch_scales, _keys, _as_logits,
             _tile_out, _prefetch_sequence, _prefetch_l2)
 #: Runtime sizes: specialising on them would compile variants for no gain.
 _UNSPECIALIZED = ["num_seqs", "max_ctx", "covered", "num_blocks", "num_programs"]
@@ -639,7 +650,8 @@ _LAUNCH_LOCK = threading.Lock()
 
 
 def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
-               tables: torch.Tensor, clean: bool, cfg: PagedConfig | None) -> tuple[Any, ...]:
+               tables: torch.Tensor, clean: bool, cfg: PagedConfig | None,
+               logits_dtype: torch.dtype = torch.float32) -> tuple[Any, ...]:
     """Everything the compiled kernel and the grid depend on: dtypes, the constexpr sizes, the exact
     strides and the 16-byte alignment of every pointer (what Triton specialises on), and the variant
     asked for (None: the default one, itself a function of the device and the sizes here, so the
@@ -647,18 +659,19 @@ def _signature(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, l
     return (q.device, q.dtype, q.shape[1:], kv_cache.shape[1:], kv_cache.stride(), q.stride(),
             weights.stride(), lens.stride(), tables.stride(), clean, cfg, q.data_ptr() % 16 == 0,
             kv_cache.data_ptr() % 16, weights.data_ptr() % 16 == 0, lens.data_ptr() % 16 == 0,
-            tables.data_ptr() % 16 == 0)
+            tables.data_ptr() % 16 == 0, logits_dtype)
 
 
-def _row(n: int) -> int:
-    """The output's row stride for ``n`` columns: rounded up to 16 floats (rows start 64-byte aligned);
-    the Gluon paged kernel's outputs share it."""
-    return -(-max(n, 1) // _ROW_ALIGN) * _ROW_ALIGN
+def _row(n: int, itemsize: int = 4) -> int:
+    """The output's row stride for ``n`` columns of ``itemsize`` bytes: rows start 64-byte aligned
+    (16 floats, 32 bf16); the Gluon paged kernel's outputs share it."""
+    align = _ROW_BYTES // itemsize
+    return -(-max(n, 1) // align) * align
 
 
-def _new_output(m: int, n: int, device: torch.device) -> torch.Tensor:
-    """[m, n] fp32 whose rows start 64-byte aligned (row stride :func:`_row`)."""
-    return torch.empty_strided((m, n), (_row(n), 1), dtype=torch.float32, device=device)
+def _new_output(m: int, n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[m, n] logits (float32 or bfloat16) whose rows start 64-byte aligned (row stride :func:`_row`)."""
+    return torch.empty_strided((m, n), (_row(n, dtype.itemsize), 1), dtype=dtype, device=device)
 
 
 def _strides(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, lens: torch.Tensor,
@@ -680,12 +693,13 @@ def _runtime_args(q: torch.Tensor, kv_cache: torch.Tensor, desc: Any, weights: t
 
 
 def _run(launch: _Launch, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
-         lens: torch.Tensor, tables: torch.Tensor, max_context_len: int) -> torch.Tensor:
+         lens: torch.Tensor, tables: torch.Tensor, max_context_len: int,
+         logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The hot path: allocate the output, hand the arguments to the bound launcher (no argument
     binding; pointers as ints, the TMA descriptor encoded once per pool address and size)."""
     b, next_n = q.shape[:2]
     num_blocks, block_size = kv_cache.shape[:2]
-    out = _new_output(b * next_n, max_context_len, q.device)
+    out = _new_output(b * next_n, max_context_len, q.device, logits_dtype)
     if not b or not max_context_len:  # next_n > 0: an empty output never reaches _prepare
         return out
     if not num_blocks:  # no block to read: every position is an out-of-range id
@@ -742,6 +756,7 @@ class PreparedCall:
     clean_logits: bool
     #: The five start addresses modulo 16 it was prepared for (``launch.residues``; None: all 0).
     residues: tuple[int, ...] | None
+    logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_tables: torch.Tensor, schedule: Any = None) -> torch.Tensor:
@@ -752,8 +767,9 @@ class PreparedCall:
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables,
-                                               self.max_context_len, self.clean_logits)
-        out = _new_output(*self.size, q.device)  # as every output of this module (the tests poison it)
+                                               self.max_context_len, self.clean_logits,
+                                               logits_dtype=self.logits_dtype)
+        out = _new_output(*self.size, q.device, self.logits_dtype)  # as every output here (the tests poison it)
         launch = self.launch
         kv_ptr = ptrs[1]
         if launch.tma:
@@ -768,25 +784,26 @@ class PreparedCall:
 
 def prepare(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
             block_tables: torch.Tensor, max_context_len: int, clean_logits: bool = True, *,
-            config: PagedConfig | None = None) -> PreparedCall | None:
+            config: PagedConfig | None = None, logits_dtype: torch.dtype = torch.float32) -> PreparedCall | None:
     """The :class:`PreparedCall` for calls like this one, once a call of its kernel signature has
     bound a launch; None where such calls do not take the bound launch (the interpreter, a Triton
     without direct launches, gfx942's converted q, inputs that need a copy, an empty output or pool).
     Arguments as for :func:`fp8_paged_mqa_logits_triton`, already checked by it on an earlier call."""
     if triton.knobs.runtime.interpret:
         return None
-    launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config))
+    launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, clean_logits, config,
+                                      logits_dtype))
     b, next_n, h, d = q.shape
     num_blocks, block_size = kv_cache.shape[:2]
     if launch is None or not (b and max_context_len and num_blocks):
         return None
-    row = _row(max_context_len)  # as _new_output
+    row = _row(max_context_len, logits_dtype.itemsize)  # as _new_output
     covered = min(max_context_len, block_tables.shape[1] * block_size)
     tail = (b, max_context_len, covered, num_blocks, launch.programs, *launch.strides, row, *launch.constexprs)
     ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(), block_tables.data_ptr())
     return PreparedCall(launch, (b * next_n, max_context_len), num_blocks, q.device.index, tail,
                         _Shape(next_n, h, d, block_size, launch.tile), max_context_len, clean_logits,
-                        residues(ptrs))
+                        residues(ptrs), logits_dtype)
 
 
 def _check(q: torch.Tensor, kv_cache: torch.Tensor, max_context_len: int) -> None:
@@ -852,8 +869,10 @@ def _prepare(key: tuple[Any, ...], args: tuple[Any, ...], cfg: PagedConfig,
 def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                 context_lens: torch.Tensor, block_tables: torch.Tensor,
                                 max_context_len: int, clean_logits: bool = True, *,
-                                config: PagedConfig | None = None) -> torch.Tensor:
-    """``[B * next_n, max_context_len]`` float32 logits over the paged cache.
+                                config: PagedConfig | None = None,
+                                logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[B * next_n, max_context_len]`` logits of ``logits_dtype`` over the paged cache (bfloat16:
+    each logit rounded once to nearest even as it is stored).
 
     Row ``b * next_n + j`` sees positions ``p < context_lens[b] - next_n + j + 1`` (or
     ``p < context_lens[b, j]`` for 2-D lens, any values), capped by what ``block_tables`` covers;
@@ -867,9 +886,9 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
     interpret = bool(triton.knobs.runtime.interpret)
     if not interpret:  # a known signature has unit inner strides: the copies below are not needed
         launch = _LAUNCHES.get(_signature(q, kv_cache, weights, context_lens, block_tables, clean_logits,
-                                          config))
+                                          config, logits_dtype))
         if launch is not None and not hooks_active():
-            return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len)
+            return _run(launch, q, kv_cache, weights, context_lens, block_tables, max_context_len, logits_dtype)
     if q.stride(3) != 1:  # the kernel reads D contiguously; q, weights and tables are small
         q = q.contiguous()
     if weights.stride(1) != 1:
@@ -878,9 +897,9 @@ def fp8_paged_mqa_logits_triton(q: torch.Tensor, kv_cache: torch.Tensor, weights
         block_tables = block_tables.contiguous()
     cfg = config or _default_for(q.device, kv_cache.shape[1], q.shape[1], q.shape[2])
     key = () if interpret else _signature(q, kv_cache, weights, context_lens, block_tables, clean_logits,
-                                          config)
+                                          config, logits_dtype)
     return _launch_slow(q, kv_cache, weights, context_lens, block_tables, max_context_len, clean_logits,
-                        cfg, key, interpret)
+                        cfg, key, interpret, logits_dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -891,7 +910,7 @@ def _default_for(device: torch.device, block_size: int, next_n: int, h: int) -> 
 def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                  context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
                  clean_logits: bool, cfg: PagedConfig, key: tuple[Any, ...],
-                 interpret: bool) -> torch.Tensor:
+                 interpret: bool, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The first call of a signature (checks, compile, grid), the interpreter, gfx942's fnuz path,
     and launches with Triton's launch hooks set. (A signature holds the device, so a cached launch
     never meets CPU tensors: the device check runs here, once per signature.)"""
@@ -905,7 +924,7 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
     kv_fnuz = q.dtype == torch.float8_e4m3fn and wants_fnuz(arch)
     if kv_fnuz:  # q is small: convert it; the cache bytes are re-labelled inside the kernel
         q, weights = e4m3fn_to_e4m3fnuz(q, weights)
-    out = _new_output(b * next_n, max_context_len, q.device)
+    out = _new_output(b * next_n, max_context_len, q.device, logits_dtype)
     if out.numel() == 0:
         return out
     if kv_cache.shape[0] == 0:  # no block to read: every position is an out-of-range id
@@ -945,7 +964,7 @@ def _launch_slow(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
 
 def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, block_size: int = 64,
                 lens_2d: bool = False, clean_logits: bool = True,
-                config: PagedConfig | None = None) -> dict[str, Any]:
+                config: PagedConfig | None = None, out_dtype: str = "fp32") -> dict[str, Any]:
     """Compile ahead of time for a ``triton.backends.compiler.GPUTarget`` (no GPU needed) and return
     the asm dict (``ptx``/``cubin`` or ``amdgcn``) plus ``"metadata"``. The signature is what a real
     launch sees: 16-byte-aligned pointers and strides, unit inner strides of the lens."""
@@ -966,7 +985,7 @@ def compile_for(target: Any, *, next_n: int = 2, h: int = 64, d: int = 128, bloc
     if not tma:
         constexprs["kv_desc"] = None
     ptr_types = {"q_ptr": fp8, "kv_ptr": "*u8", "w_ptr": "*fp32", "cl_ptr": "*i32", "bt_ptr": "*i32",
-                 "out_ptr": "*fp32", "kv_desc": f"tensordesc<{fp8[1:]}[1,{cfg.tile},{shape.d_pad}]>"}
+                 "out_ptr": f"*{out_dtype}", "kv_desc": f"tensordesc<{fp8[1:]}[1,{cfg.tile},{shape.d_pad}]>"}
     signature = {a: ("constexpr" if a in constexprs else ptr_types.get(a, "i32")) for a in fn.arg_names}
     aligned = [a for a in fn.arg_names if a.endswith("_ptr")] + [
         "block_bytes", "block_words", "stride_qb", "stride_qn", "stride_qh", "stride_wm", "stride_om",
