@@ -4,7 +4,16 @@ Providers are separate distributions that register a :class:`ProviderSpec` throu
 ``mqa_core.providers`` entry point group; see ``docs/writing-a-provider.md`` and ``docs/hooks.md``.
 """
 
-from .api import explain, fp8_mqa_logits, fp8_paged_mqa_logits, get_provider, reload
+from .api import (
+    explain,
+    fp8_mqa_logits,
+    fp8_mqa_topk,
+    fp8_paged_mqa_logits,
+    fp8_paged_mqa_topk,
+    get_provider,
+    reload,
+    topk_per_row,
+)
 from .arch import KNOWN_ARCHS, detect_arch, normalize_arch
 from .decision import Candidate, Decision
 from .discovery import BrokenPlugin, PluginInfo
@@ -13,7 +22,7 @@ from .hookspecs import hookimpl
 from .provider import Provider
 from .schedule import paged_schedule
 from .settings import env_positive_number
-from .spec import DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
+from .spec import CLAIMS, DTYPE_PAIRS, DTYPES, OPS, PairsByArch, Problem, ProviderSpec
 from .tuning import TuningTable, load_tuning
 
 
@@ -33,6 +42,7 @@ def __getattr__(name: str) -> str:
 
 __all__ = [
     "BrokenPlugin",
+    "CLAIMS",
     "Candidate",
     "DTYPES",
     "DTYPE_PAIRS",
@@ -53,12 +63,15 @@ __all__ = [
     "env_positive_number",
     "explain",
     "fp8_mqa_logits",
+    "fp8_mqa_topk",
     "fp8_paged_mqa_logits",
+    "fp8_paged_mqa_topk",
     "get_provider",
     "hookimpl",
     "load_tuning",
     "normalize_arch",
     "paged_schedule",
     "reload",
+    "topk_per_row",
     "__version__",
 ]

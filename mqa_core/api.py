@@ -146,3 +146,53 @@ def _call(s: registry._State, op: Op, table: "dict[Signature, Entry] | None", ar
 def reload() -> None:
     """Re-read the ``MQA_*`` environment variables and rediscover plugins on next use."""
     registry.reload()
+
+
+def _topk_provider(op: str, problem: Problem, q: Any, pair: Pair | None) -> Provider:
+    s = registry.state()
+    return registry.provider_for(arch_of_device(device_of(q)), op, pair, problem, s=s)
+
+
+def fp8_mqa_topk(q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", weights: "torch.Tensor",
+                 cu_seqlen_ks: "torch.Tensor", cu_seqlen_ke: "torch.Tensor", topk: int, *,
+                 positions: str = "relative", return_values: bool = False) -> Any:
+    """The indexer step for prefill: int32 ``[M, topk]``, row m the positions of the ``topk`` largest
+    logits (as :func:`fp8_mqa_logits` defines them) inside ``[max(ks[m], 0), min(ke[m], N))``.
+
+    Ties go to the smaller position; positions ascend; ``-1`` fills the tail of a window shorter than
+    ``topk``. ``positions="relative"`` counts from the window start, ``"absolute"`` from key 0.
+    ``return_values=True`` returns ``(indices, values)``: the float32 logits of those positions
+    (``-inf`` in the padding). Extra device memory stays within ``MQA_WORKSPACE_MB`` whatever N is.
+    """
+    from .indexer import mqa_topk_args
+
+    args = (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke)
+    problem = mqa_topk_args(args, topk, positions, return_values)
+    provider = _topk_provider("fp8_mqa_topk", problem, q, MQA.pair(args))
+    return provider.fp8_mqa_topk(*args, topk, positions=positions, return_values=return_values)
+
+
+def fp8_paged_mqa_topk(q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
+                       context_lens: "torch.Tensor", block_tables: "torch.Tensor", max_context_len: int,
+                       topk: int, *, schedule: "torch.Tensor | None" = None, return_values: bool = False) -> Any:
+    """The indexer step for decode: int32 ``[B * next_n, topk]``, row ``b * next_n + j`` the positions
+    ``p < len`` of its ``topk`` largest logits (:func:`fp8_paged_mqa_logits`; 1-D or 2-D
+    ``context_lens``), with the rules of :func:`fp8_mqa_topk`. No host synchronisation where the
+    chosen provider has none (the composed path has none): a decode step can be graph-captured."""
+    from .indexer import paged_topk_args
+
+    args = (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule)
+    problem = paged_topk_args(args, topk, return_values)
+    provider = _topk_provider("fp8_paged_mqa_topk", problem, q, PAGED.pair(args))
+    return provider.fp8_paged_mqa_topk(*args[:6], topk, schedule=schedule, return_values=return_values)
+
+
+def topk_per_row(logits: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor", topk: int, *,
+                 positions: str = "relative", return_values: bool = False) -> Any:
+    """The selection of :func:`fp8_mqa_topk` over given logits (float32 or bfloat16 ``[M, N]``, any row
+    stride; window ``[max(ks[m], 0), min(ke[m], N))``), served by the best ``topk_per_row`` provider."""
+    from .indexer import topk_per_row_args
+
+    problem = topk_per_row_args(logits, ks, ke, topk, positions, return_values)
+    provider = _topk_provider("topk_per_row", problem, logits, None)
+    return provider.topk_per_row(logits, ks, ke, topk, positions=positions, return_values=return_values)

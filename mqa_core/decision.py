@@ -13,7 +13,11 @@ from .names import names_provider, printable, provider_id
 from .spec import Problem
 
 #: Rejection codes, in the order selection tests them.
-CODES = ("broken", "blocked", "ambiguous", "op", "arch", "dtype", "shape", "check", "import", "preference")
+CODES = ("broken", "blocked", "ambiguous", "op", "arch", "dtype", "claims", "shape", "check", "import", "preference")
+
+
+#: How ``explain`` abbreviates a claim in its table.
+_CLAIM_SHORT = {"deterministic": "det", "batch_invariant": "batch-inv"}
 
 
 def _short(dtype: str) -> str:
@@ -35,6 +39,8 @@ class Candidate:
     pairs: tuple[tuple[str, str], ...] = ()
     #: Seconds its plugin's import took (None when unknown).
     import_seconds: float | None = None
+    #: What it claims of its results (``deterministic``, ``batch_invariant``), sorted.
+    claims: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -96,7 +102,8 @@ class Decision:
             head += f" q={self.dtype[0]} k={self.dtype[1]}"
         if self.problem is not None:
             head += f" shape {self.problem}"
-        rows: list[tuple[str, ...]] = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "status")]
+        rows: list[tuple[str, ...]] = [("", "provider", "from", "priority", "import", "q/k e4m3 pairs", "claims",
+                                        "status")]
         chosen_one = self.chosen_candidate
         for c in self.candidates:
             mark = "*" if c is chosen_one else ""
@@ -104,7 +111,8 @@ class Decision:
             prio = "" if c.priority is None else str(c.priority)
             imp = "" if c.import_seconds is None else f"{c.import_seconds * 1e3:.0f} ms"
             pairs = " ".join(f"{_short(q)}/{_short(k)}" for q, k in c.pairs)
-            rows.append(tuple(printable(cell) for cell in (mark, c.name, c.origin, prio, imp, pairs, status)))
+            claims = ",".join(_CLAIM_SHORT.get(x, x) for x in c.claims)
+            rows.append(tuple(printable(cell) for cell in (mark, c.name, c.origin, prio, imp, pairs, claims, status)))
         n = len(rows[0]) - 1
         widths = [max(len(r[i]) for r in rows) for i in range(n)]
         lines = [printable(head)]

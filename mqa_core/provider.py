@@ -108,13 +108,13 @@ class Provider:
         # object's op and prepare_<op> functions receives: those it names, per variant of the op. Read
         # once; a function whose signature cannot be read receives none.
         self._takes: dict[str, Takes] = {key: _takes(impl, name, variant) for op in spec.ops
-                                         for variant in VARIANTS[op]
+                                         for variant in VARIANTS.get(op, ())
                                          for key, name in ((variant.key, variant.name),
                                                            (variant.prepare_key, variant.prepare))}
         # Per variant: whether the kernel writes that logits dtype itself (its op function names
         # ``logits_dtype``); where it does not, its float32 result is rounded to the dtype here.
         self._native: dict[str, bool] = {v.key: v.logits_dtype is None or "logits_dtype" in dict(self._takes[v.key])
-                                         for op in spec.ops for v in VARIANTS[op]}
+                                         for op in spec.ops for v in VARIANTS.get(op, ())}
 
     @property
     def name(self) -> str:
@@ -168,6 +168,37 @@ class Provider:
         import torch
 
         return self.call(PAGED_BF16, self._passed_paged_bf16, (*args, torch.bfloat16), clean_logits)
+
+    def fp8_mqa_topk(self, q: "torch.Tensor", kv: "tuple[torch.Tensor, torch.Tensor]", weights: "torch.Tensor",
+                     cu_seqlen_ks: "torch.Tensor", cu_seqlen_ke: "torch.Tensor", topk: int, *,
+                     positions: str = "relative", return_values: bool = False,
+                     workspace_bytes: int | None = None) -> Any:
+        """The top-k key positions per query (:func:`mqa_core.fp8_mqa_topk`), on this provider.
+        ``workspace_bytes``: its bound on extra device memory (None: ``MQA_WORKSPACE_MB``)."""
+        from .indexer import provider_call
+
+        return provider_call(self, "fp8_mqa_topk", (q, kv, weights, cu_seqlen_ks, cu_seqlen_ke), topk, positions,
+                             return_values, workspace_bytes)
+
+    def fp8_paged_mqa_topk(self, q: "torch.Tensor", kv_cache: "torch.Tensor", weights: "torch.Tensor",
+                           context_lens: "torch.Tensor", block_tables: "torch.Tensor", max_context_len: int,
+                           topk: int, *, schedule: "torch.Tensor | None" = None, return_values: bool = False,
+                           workspace_bytes: int | None = None) -> Any:
+        """The decode step's top-k (:func:`mqa_core.fp8_paged_mqa_topk`), on this provider."""
+        from .indexer import provider_call
+
+        return provider_call(self, "fp8_paged_mqa_topk",
+                             (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule), topk,
+                             "relative", return_values, workspace_bytes)
+
+    def topk_per_row(self, logits: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor", topk: int, *,
+                     positions: str = "relative", return_values: bool = False,
+                     workspace_bytes: int | None = None) -> Any:
+        """The selection alone over given logits (:func:`mqa_core.topk_per_row`), on this provider."""
+        from .indexer import provider_call
+
+        return provider_call(self, "topk_per_row", (logits, ks, ke), topk, positions, return_values,
+                             workspace_bytes)
 
     def call(self, op: Op, table: "dict[Signature, Entry] | None", args: tuple[Any, ...],
              clean_logits: Any) -> "torch.Tensor":

@@ -27,9 +27,9 @@ from .discovery import Discovery, cut_by_fork, describe_error, discover, unknown
 from .errors import ProviderUnavailableError
 from .memo import CallTable, Signature
 from .provider import Entry, Provider, load_object
-from .select import decide, preferred_order, run_check, shape_reason
+from .select import decide, preference_for, preferred_order, run_check, shape_reason
 from .settings import Settings, unknown_variables
-from .spec import Pair, Problem, ProviderSpec
+from .spec import SCORING_OP, Pair, Problem, ProviderSpec
 from .tuning import Tuning, from_setting
 
 log = logging.getLogger("mqa_core")
@@ -68,6 +68,8 @@ class _State:
     #: The same for calls asking for bfloat16 logits (``mqa_core.memo.MQA_BF16``, ``PAGED_BF16``).
     mqa_bf16_calls: dict[Signature, Entry] | None = None
     paged_bf16_calls: dict[Signature, Entry] | None = None
+    #: The core's composed provider's spec, built on first use (it reads the installed version).
+    composed: ProviderSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.settings.validate_full:
@@ -138,9 +140,22 @@ def _skipped(s: _State) -> list[str]:
     return [f"{p.entry_point} ({p.distribution or '?'})" for p in s.discovery.plugins if p.status == "skipped"]
 
 
+def _specs(s: _State, op: str) -> tuple[ProviderSpec, ...]:
+    """The specs judged for ``op``: the discovered ones, and for the fused top-k ops the core's
+    composed provider (:mod:`mqa_core.composed`), which is no plugin: always there, never blocked by
+    ``MQA_PLUGINS``, and shown only where it can serve."""
+    if op not in SCORING_OP:
+        return s.discovery.specs
+    if s.composed is None:
+        from .composed import composed_spec
+
+        s.composed = composed_spec()
+    return (*s.discovery.specs, s.composed)
+
+
 def _decide(s: _State, arch: str, op: str, dtype: object, problem: Problem | None) -> Decision:
     with _lock:
-        return decide(s.discovery.specs, s.discovery.broken, s.settings, arch=arch, op=op,
+        return decide(_specs(s, op), s.discovery.broken, s.settings, arch=arch, op=op,
                       dtype=dtype, problem=problem, check=lambda sp, a: _check(s, sp, a),
                       load_errors=dict(s.load_errors), import_seconds=s.discovery.import_seconds(),
                       skipped=_skipped(s), tuning=s.tuning.choose if s.tuning else None)
@@ -156,8 +171,8 @@ def _plan(s: _State, key: PlanKey) -> _Plan:
     plan = s.plans.get(key)
     if plan is None:
         d = _decide(s, *key, None)
-        by_id = {sp.id: sp for sp in s.discovery.specs}
-        order = preferred_order(d.accepted, s.settings)
+        by_id = {sp.id: sp for sp in _specs(s, key[1])}
+        order = preferred_order(d.accepted, preference_for(list(by_id.values()), s.settings, key[1]))
         plan = s.plans[key] = _Plan(tuple(by_id[c.id] for c in order), d.chosen or "none", d.why)
         log.info("mqa_core: arch=%s op=%s dtype=%s -> %s (%s)", *key, plan.chosen, plan.why)
     return plan
@@ -194,7 +209,8 @@ def provider_for(arch: str, op: str, dtype: Pair | None, problem: Problem | None
     s = state() if s is None else s
     with _lock:
         specs = _plan(s, (arch, op, dtype)).specs
-        if s.tuning is not None and problem is not None and not s.settings.preference:
+        if s.tuning is not None and problem is not None \
+                and not preference_for(_specs(s, op), s.settings, op).preference:
             specs = s.tuning.order(arch, op, problem, specs)  # the measured winner of the bucket first
         for spec in specs:
             if problem is not None and shape_reason(spec, problem):

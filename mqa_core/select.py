@@ -7,13 +7,14 @@ can pass a fake system. The precedence lives in :func:`sort_key`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .decision import Candidate, Decision
 from .discovery import BrokenPlugin, describe_error
 from .names import names_provider, names_provider_or_distribution, normalize_distribution, printable
 from .settings import Settings
-from .spec import Problem, ProviderSpec, dtype_pair, format_pairs
+from .spec import COMPOSED_ID, SCORING_OP, TOPK_OPS, Problem, ProviderSpec, dtype_pair, format_pairs
 
 #: (spec, arch) -> None or the reason the runtime check rejects it. The registry caches it.
 CheckFn = Callable[[ProviderSpec, str], str | None]
@@ -75,9 +76,11 @@ def _judge(spec: ProviderSpec, arch: str, op: str, pair: tuple[str, str] | None,
            import_seconds: float | None) -> Candidate:
     declared = tuple(sorted(spec.pairs_for(arch)))
 
+    claims = tuple(sorted(spec.claims))
+
     def reject(code: str, reason: str) -> Candidate:
         return Candidate(spec.name, False, code, reason, spec.priority, spec.distribution, spec.version,
-                         declared, import_seconds)
+                         declared, import_seconds, claims)
 
     ref = blocked_by(spec, settings)
     if ref is not None:
@@ -96,6 +99,9 @@ def _judge(spec: ProviderSpec, arch: str, op: str, pair: tuple[str, str] | None,
     if pair is not None and pair not in declared:
         return reject("dtype", f"declares {format_pairs(declared) or 'no dtypes'} on {arch}; "
                                f"asked for {format_pairs([pair])}")
+    if settings.batch_invariant and "batch_invariant" not in spec.claims:
+        return reject("claims", "MQA_BATCH_INVARIANT=1 chooses only providers claiming batch_invariant; claims "
+                                f"{', '.join(claims) or 'nothing'}")
     if problem is not None:
         reason = shape_reason(spec, problem)
         if reason:
@@ -106,7 +112,7 @@ def _judge(spec: ProviderSpec, arch: str, op: str, pair: tuple[str, str] | None,
     if spec.id in load_errors:
         return reject("import", f"cannot load {spec.load}: {load_errors[spec.id]}")
     return Candidate(spec.name, True, "", "", spec.priority, spec.distribution, spec.version, declared,
-                     import_seconds)
+                     import_seconds, claims)
 
 
 def _rivals(specs: Sequence[ProviderSpec], settings: Settings) -> dict[str, list[ProviderSpec]]:
@@ -116,6 +122,27 @@ def _rivals(specs: Sequence[ProviderSpec], settings: Settings) -> dict[str, list
         if blocked_by(s, settings) is None:
             claims.setdefault(s.name, []).append(s)
     return {n: c for n, c in claims.items() if len(c) > 1}
+
+
+def preference_for(specs: Sequence[ProviderSpec], settings: Settings, op: str) -> Settings:
+    """``settings`` as they apply to ``op``. ``MQA_PROVIDER`` is honoured or fails for the logits ops
+    and for any op one of the providers it names declares. For a top-k op none of them declares:
+
+    - a fused op (``fp8_mqa_topk``, ``fp8_paged_mqa_topk``) goes to the core's composed provider, whose
+      logits part then honours the preference (or fails saying so): ``MQA_PROVIDER=deepgemm`` runs
+      the indexer step on DeepGEMM's logits instead of failing because DeepGEMM has no top-k kernel;
+    - ``topk_per_row`` is chosen by the other rules (the preference names logits kernels).
+
+    A name that matches nothing installed keeps the preference, and the failure that says so.
+    """
+    if not settings.preference or op not in TOPK_OPS:
+        return settings
+    named = [s for s in specs if any(names_provider(r, s.distribution, s.name) for r in settings.preference)]
+    if any(op in s.ops for s in named):
+        return settings
+    if any(not any(names_provider(r, s.distribution, s.name) for s in specs) for r in settings.preference):
+        return settings
+    return replace(settings, preference=(COMPOSED_ID,) if op in SCORING_OP else ())
 
 
 def preferred_order(accepted: Sequence[Candidate], settings: Settings) -> list[Candidate]:
@@ -143,6 +170,7 @@ def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settin
         them after the filters and before the priority rule, and never overrides ``MQA_PROVIDER``.
     """
     pair = dtype_pair(dtype)
+    settings = preference_for(specs, settings, op)
     ordered = sorted(specs, key=sort_key)
     claims = _rivals(ordered, settings)
     judged = [_judge(s, arch, op, pair, problem, settings, check, load_errors,
@@ -159,7 +187,8 @@ def decide(specs: Sequence[ProviderSpec], broken: Sequence[BrokenPlugin], settin
         pref = ",".join(settings.preference)
         judged = [c if not c.accepted or c in order else
                   Candidate(c.name, False, "preference", f"usable, but MQA_PROVIDER={pref} names others",
-                            c.priority, c.distribution, c.version, c.pairs, c.import_seconds) for c in judged]
+                            c.priority, c.distribution, c.version, c.pairs, c.import_seconds, c.claims)
+                  for c in judged]
         missing = [r for r in settings.preference
                    if not any(names_provider(r, s.distribution, s.name) for s in specs)]
         if first:

@@ -35,7 +35,13 @@ ENV_VARS = {
                      "dependent launch that lets the next kernel start early, or plainly (faster beside "
                      "plainly launched kernels; docs/paged-op.md)",
     "MQA_TUNING": "FILE written by `mqa tune`: per shape bucket, the fastest measured usable provider is chosen",
+    "MQA_WORKSPACE_MB": "the indexer step's bound on extra device memory, in MiB (default 256): the top-k ops "
+                        "score rows in chunks whose temporaries fit it, whatever the context length",
+    "MQA_BATCH_INVARIANT": "1/0 (default 0): choose only providers that claim batch_invariant (a query's "
+                           "result never depends on the rest of the batch), for every op",
 }
+#: MQA_WORKSPACE_MB's default.
+DEFAULT_WORKSPACE_MB = 256.0
 
 #: Names under this prefix belong to the test suite's stand-ins and are not warned about.
 TEST_PREFIX = "MQA_TEST_"
@@ -186,6 +192,10 @@ class Settings:
     validate_full: bool = False
     #: A table written by ``mqa tune`` (see mqa_core.tuning); None: choose by priority only.
     tuning: str | None = None
+    #: MQA_WORKSPACE_MB in bytes: what the top-k ops may allocate beyond their inputs and outputs.
+    workspace_bytes: int = int(DEFAULT_WORKSPACE_MB * 2**20)
+    #: MQA_BATCH_INVARIANT: only providers claiming ``batch_invariant`` are chosen.
+    batch_invariant: bool = False
     #: Every ``MQA_*`` variable as it was read (providers read their own from here: setting_text).
     env: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     #: (variable, default) -> the number read from ``env`` (env_positive_number's cache).
@@ -217,5 +227,8 @@ class Settings:
             strict=parse_bool("MQA_STRICT_PLUGINS", env.get("MQA_STRICT_PLUGINS")),
             validate_full=parse_choice("MQA_VALIDATE", env.get("MQA_VALIDATE"), VALIDATE_MODES) == "full",
             tuning=env.get("MQA_TUNING", "").strip() or None,
+            workspace_bytes=max(1, int(parse_positive_number("MQA_WORKSPACE_MB", env.get("MQA_WORKSPACE_MB"),
+                                                             DEFAULT_WORKSPACE_MB) * 2**20)),
+            batch_invariant=parse_bool("MQA_BATCH_INVARIANT", env.get("MQA_BATCH_INVARIANT")),
             env=MappingProxyType(snapshot),
         )

@@ -15,8 +15,24 @@ from typing import Any
 from .arch import ANY_ARCH, normalize_arch
 from .names import PROVIDER_NAME, provider_id
 
+#: The ops that compute logits (the scoring op and its paged decode variant).
+LOGITS_OPS = ("fp8_mqa_logits", "fp8_paged_mqa_logits")
+#: The indexer step: the top-k key positions per query, fused with scoring (prefill, paged decode), and
+#: the selection alone over given logits (``topk_per_row``), so that top-k kernels are providers too.
+TOPK_OPS = ("fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row")
 #: The ops a provider can serve. Each is a method of the same name on the loaded kernel object.
-OPS = ("fp8_mqa_logits", "fp8_paged_mqa_logits")
+OPS = LOGITS_OPS + TOPK_OPS
+#: The scoring op each fused top-k op is built on (what the core's composed provider chains).
+SCORING_OP = {"fp8_mqa_topk": "fp8_mqa_logits", "fp8_paged_mqa_topk": "fp8_paged_mqa_logits"}
+#: The core's own provider of the fused top-k ops: the best logits provider and the best
+#: ``topk_per_row`` provider, in row chunks within the workspace bound (:mod:`mqa_core.composed`).
+COMPOSED_NAME, COMPOSED_DISTRIBUTION = "composed", "mqa-core"
+COMPOSED_ID = f"{COMPOSED_DISTRIBUTION}:{COMPOSED_NAME}"
+#: What a provider may claim about its results, which the kit certifies and ``MQA_BATCH_INVARIANT``
+#: selects on: ``deterministic`` (bitwise-equal results on repeated calls with the same inputs) and
+#: ``batch_invariant`` (a query's result does not depend on the other queries of the call, nor on
+#: keys outside its window).
+CLAIMS = ("deterministic", "batch_invariant")
 #: fp8 flavours a provider can accept for q and k (torch's names without the ``torch.`` prefix).
 DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz")
 #: Every fp8 (q dtype, k dtype) pair the op's contract allows; a provider declares the ones it serves.
@@ -236,6 +252,9 @@ class ProviderSpec:
     :param distribution: the distribution it came from; set by discovery from the installed
         distribution (a spec that names another one is rejected).
     :param version: that distribution's version; set by discovery.
+    :param claims: what it claims of its results, from :data:`CLAIMS` (``deterministic``,
+        ``batch_invariant``); the conformance kit fails a provider whose claim is false, and
+        ``MQA_BATCH_INVARIANT=1`` chooses only among providers claiming ``batch_invariant``.
     :param dtype_pairs: the (q dtype, k dtype) pairs served: an iterable of pairs for every arch, or
         a mapping ``arch -> pairs`` where ``"any"`` covers the archs not listed. Stored as a
         :class:`PairsByArch`. The paged op's cache is bytes of q's flavour: it uses the (q, q) pairs.
@@ -256,11 +275,12 @@ class ProviderSpec:
     distribution: str = ""
     version: str = ""
     dtype_pairs: PairsDeclaration | None = None
+    claims: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         # Accept any iterable for the set fields, store frozensets: specs hash and compare cleanly.
         errors: list[str] = []
-        for k in ("ops", "archs", "dtypes"):
+        for k in ("ops", "archs", "dtypes", "claims"):
             v = getattr(self, k)
             if isinstance(v, str):
                 v = (v,)
@@ -273,6 +293,8 @@ class ProviderSpec:
             errors.append(f"name {self.name!r} must match {PROVIDER_NAME.pattern} (lower case, whole name)")
         if not self.ops or not self.ops <= set(OPS):
             errors.append(f"ops {sorted(self.ops, key=str)} must be a non-empty subset of {list(OPS)}")
+        if not self.claims <= set(CLAIMS):
+            errors.append(f"claims {sorted(self.claims, key=str)} must be a subset of {list(CLAIMS)}")
         archs = set()
         for a in self.archs:
             try:

@@ -52,7 +52,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .errors import SettingsError
-from .spec import OPS, Problem, ProviderSpec
+from .spec import LOGITS_OPS, OPS, Problem, ProviderSpec
 from .versions import installed_version, triton_version
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ SCHEMA = "mqa-tuning/2"
 READS = ("mqa-tuning/1", SCHEMA)
 #: A measured lead up to this fraction does not override the priority order (timing noise); see above.
 DEFAULT_MARGIN = 0.05
-PREFILL, PAGED = OPS
+PREFILL, PAGED = LOGITS_OPS
 BUCKETS_DOC = ("A problem uses the entry with its op, H, D (and next_n for decode, when known) whose "
                "ranges [lo, hi) contain its M and N. Prefill: M = query tokens, N = keys. Decode: M = "
                "batch x next_n rows, N = max_context_len. Ranges are powers of two: [0, 1), [1, 2), [2, 4)..., "

@@ -67,9 +67,9 @@ def _same_device(op: str, named: dict[str, "torch.Tensor"]) -> None:
 
 
 def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logits: Any, *,
-                    spec: ProviderSpec | None = None, full: bool = False) -> Problem:
-    """Check the prefill op's arguments; return the problem sizes."""
-    op = "fp8_mqa_logits"
+                    spec: ProviderSpec | None = None, full: bool = False, op: str = "fp8_mqa_logits") -> Problem:
+    """Check the prefill op's arguments; return the problem sizes. ``op``: the name errors give (the
+    prefill top-k op takes the same tensors)."""
     if isinstance(q, (tuple, list)):
         return _fp4_mqa_logits_args(op, q, kv, weights, ks, ke, clean_logits, spec=spec)
     # Any fp8 flavour of the contract: a bound provider's pairs are judged once the device is known.
@@ -103,10 +103,11 @@ def mqa_logits_args(q: Any, kv: Any, weights: Any, ks: Any, ke: Any, clean_logit
 
 def paged_mqa_logits_args(q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
                           max_context_len: Any, clean_logits: Any, *, schedule: Any = None,
-                          spec: ProviderSpec | None = None, full: bool = False) -> Problem:
+                          spec: ProviderSpec | None = None, full: bool = False,
+                          op: str = "fp8_paged_mqa_logits") -> Problem:
     """Check the paged (decode) op's arguments; return the problem sizes (M = B * next_n). A
-    ``schedule`` is checked for its layout only (:mod:`mqa_core.schedule`: its values are a hint)."""
-    op = "fp8_paged_mqa_logits"
+    ``schedule`` is checked for its layout only (:mod:`mqa_core.schedule`: its values are a hint).
+    ``op``: the name errors give (the paged top-k op takes the same tensors)."""
     fp4 = isinstance(q, (tuple, list))
     if fp4:
         q = _fp4_q(op, q, 4)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..spec import OPS, Problem
+from ..spec import LOGITS_OPS, Problem
 from ..tuning import DEFAULT_MARGIN
 from .common import UserError, device_or_default, providers_for, timed_calls, writable_path
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..provider import Provider
     from ..tuning import Bucket, TuningTable
 
-PREFILL, PAGED = OPS
+PREFILL, PAGED = LOGITS_OPS
 KINDS = ("causal", "full", "chunk", "suffix")
 
 EPILOG = """presets:

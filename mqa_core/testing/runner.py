@@ -16,7 +16,7 @@ import torch
 
 from ..provider import Provider
 from ..reference import fp8_mqa_logits_ref
-from ..spec import DTYPES, OPS, Problem
+from ..spec import DTYPES, LOGITS_OPS, Problem
 from .bound import Accumulation, default_accumulation, magnitudes
 from .cases import PAGED_BLOCK_SIZE, Pair, arbitrary_lens, make_windows, pair_id, short_context_lens
 from .checks import Case, Untouched, Windows, check_fresh, check_logits, check_mask, check_output, check_values
@@ -25,7 +25,7 @@ from .large import Sampled, exact_at, paged_keys_at
 from .layouts import prefill_layout
 from .poison import Layout, poisoned_call
 
-PREFILL, PAGED = OPS
+PREFILL, PAGED = LOGITS_OPS
 SAME_FLAVOUR: Pair = ("float8_e4m3fn", "float8_e4m3fn")
 
 

@@ -1,8 +1,14 @@
-"""Exact fp32 implementations of both ops, chunked so temporaries stay under a memory bound.
+"""Exact implementations of the ops, chunked so temporaries stay under a memory bound.
 
-fp8 is upcast to fp32 chunk by chunk (fp8 matmul on the CPU is hundreds of times slower, and an
-[H, M, N] fp32 intermediate for an 8k prompt does not fit), and each row chunk computes only the key
+fp8 is upcast to float64 chunk by chunk (fp8 matmul on the CPU is hundreds of times slower, and an
+[H, M, N] intermediate for an 8k prompt does not fit), and each row chunk computes only the key
 columns its windows can see, so causal prefill does about half the work.
+
+Why float64: every fp8 product is a multiple of 2^-18 below 2^18, so a head's dot product over D <=
+128 is exact in float64 whatever order the BLAS sums it in; the head sum then runs in one fixed
+order, elementwise. A logit's value therefore never depends on how rows or keys were chunked, nor on
+the rest of the batch: this provider is deterministic and batch-invariant by construction, which the
+top-k ops (and the kit's batch-invariance cases) need of a reference.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ def chunk_sizes(rows: int, h: int, d: int, n: int, budget: int) -> tuple[int, in
     """
     rc = max(1, min(rows, 32))
     while True:
-        per_col = rc * h * 4 + rc * 5 + d * 4
+        per_col = rc * h * 8 + rc * 9 + d * 8
         cc = min((budget - rc * h * d * 4) // per_col, max(64, SCORES_BYTES // (rc * h * 4)))
         if cc >= 64 or rc == 1:
             return rc, int(max(1, min(n, cc, 8192)))
@@ -50,13 +56,16 @@ def _row_chunk(out: torch.Tensor, q: torch.Tensor, w: torch.Tensor, keys: Keys,
                ks: torch.Tensor, ke: torch.Tensor, lo: int, hi: int, cols: int) -> None:
     """Fill out[:, lo:hi] (one row chunk) with the contract's values, -inf outside each window."""
     rc, h, d = q.shape
-    flat = q.float().reshape(rc * h, d)
-    w = w.unsqueeze(1)
+    flat = q.double().reshape(rc * h, d)
+    w = w.double()
     for c0 in range(lo, hi, cols):
         c1 = min(hi, c0 + cols)
         k, k_scale = keys(c0, c1)
-        scores = torch.mm(flat, k.float().T).relu_().view(rc, h, c1 - c0)
-        res = torch.bmm(w, scores).squeeze(1).mul_(k_scale)
+        scores = torch.mm(flat, k.double().T).relu_().view(rc, h, c1 - c0)  # exact (module docstring)
+        acc = scores[:, 0].mul(w[:, :1])
+        for j in range(1, h):  # one fixed order, elementwise: the same rounding for any chunking
+            acc.addcmul_(scores[:, j], w[:, j:j + 1])
+        res = acc.mul_(k_scale.double()).float()
         idx = torch.arange(c0, c1, device=q.device)[None, :]
         res.masked_fill_((idx < ks[:, None]) | (idx >= ke[:, None]), float("-inf"))
         out[:, c0:c1] = res
@@ -150,5 +159,104 @@ class TorchRefKernels:
                 out[rows, :hi].masked_fill_(~ok[None, :], float("-inf"))
         return out
 
+    def topk_per_row(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
+                     positions: str = "relative", return_values: bool = False,
+                     workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The exact selection (:func:`select_rows`) in row chunks whose temporaries fit
+        ``workspace_bytes``."""
+        m, n = logits.shape
+        out = torch.empty((m, topk), dtype=torch.int32, device=logits.device)
+        values = torch.empty((m, topk), dtype=torch.float32, device=logits.device) if return_values else None
+        rows = topk_rows_per_chunk(n, topk, workspace_bytes)
+        for r0 in range(0, m, rows):
+            r = slice(r0, min(m, r0 + rows))
+            select_rows(logits[r], ks[r], ke[r], topk, positions, return_values, out[r],
+                        None if values is None else values[r])
+        return out, values
+
+    def _select(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
+                return_values: bool, workspace_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.topk_per_row(logits, ks, ke, topk, positions=positions, return_values=return_values,
+                                 workspace_bytes=workspace_bytes)
+
+    def fp8_mqa_topk(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                     cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, topk: int, *,
+                     positions: str = "relative", return_values: bool = False,
+                     workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This provider's logits, then its selection, in row chunks within ``workspace_bytes`` (the
+        core's chunk loop, :func:`mqa_core.composed.chunked_prefill_topk`)."""
+        from mqa_core.composed import chunked_prefill_topk
+
+        def logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, ks: torch.Tensor,
+                   ke: torch.Tensor) -> torch.Tensor:
+            return self.fp8_mqa_logits(q, kv, w, ks, ke)
+
+        return chunked_prefill_topk(logits, self._select, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, topk,
+                                    positions, return_values, workspace_bytes)
+
+    def fp8_paged_mqa_topk(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                           context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
+                           topk: int, *, schedule: torch.Tensor | None = None, return_values: bool = False,
+                           workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The paged logits, then the selection, a chunk of whole sequences at a time."""
+        from mqa_core.composed import chunked_paged_topk
+
+        def logits(q: torch.Tensor, kv_cache: torch.Tensor, w: torch.Tensor, lens: torch.Tensor,
+                   tables: torch.Tensor, max_len: int, schedule: torch.Tensor | None) -> torch.Tensor:
+            return self.fp8_paged_mqa_logits(q, kv_cache, w, lens, tables, max_len)
+
+        return chunked_paged_topk(logits, self._select, q, kv_cache, weights, context_lens, block_tables,
+                                  max_context_len, topk, schedule, return_values, workspace_bytes)
+
 
 KERNELS = TorchRefKernels()
+
+
+# -- the indexer step -----------------------------------------------------------------------------
+
+#: Below every finite and infinite logit's key: NaN ranks here (it is selected only after -inf).
+_NAN_KEY = -(2**31) - 1
+#: Below NaN: a cell outside the window, never selected.
+_OUT_KEY = -(2**31) - 2
+
+
+def order_keys(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys that order float32 logits as the contract does: by value (``-0.0 == 0.0``, ``-inf``
+    the lowest value) and NaN below every value. Equal logits get equal keys."""
+    x = x.float() + 0.0  # -0.0 + 0.0 = +0.0: one key for both zeros
+    bits = x.view(torch.int32).long()
+    keys = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
+    return keys.masked_fill_(x.isnan(), _NAN_KEY)
+
+
+def select_rows(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
+                return_values: bool, out: torch.Tensor, values: torch.Tensor | None) -> None:
+    """The exact selection for the rows of ``logits`` into ``out`` / ``values``: keys per cell, one
+    stable descending sort per row (equal keys keep position order: ties to the smaller position),
+    the first ``min(topk, width)`` positions, sorted ascending, ``-1`` after."""
+    rows, n = logits.shape
+    lo = ks.long().clamp(0, n)
+    hi = ke.long().clamp(0, n)
+    width = (hi - lo).clamp(min=0)
+    pos = torch.arange(n, device=logits.device)
+    inside = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])
+    keys = order_keys(logits).masked_fill_(~inside, _OUT_KEY)
+    take = min(topk, n)
+    order = torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :take]
+    # Out-of-window cells have the lowest key, so the first min(topk, width) of ``order`` are the
+    # window's picks; sorted ascending (the rest pushed past them as n), then -1 after them.
+    keep = torch.arange(take, device=logits.device)[None, :] < width[:, None]
+    picked = torch.where(keep, torch.sort(torch.where(keep, order, n), dim=1).values, -1)
+    idx = torch.where(picked >= 0, picked - (lo[:, None] if positions == "relative" else 0), -1)
+    out.fill_(-1)
+    out[:, :take] = idx.int()
+    if values is not None:
+        values.fill_(float("-inf"))
+        got = logits.float().gather(1, picked.clamp(min=0))
+        values[:, :take] = torch.where(picked >= 0, got, float("-inf"))
+
+
+def topk_rows_per_chunk(n: int, topk: int, budget: int) -> int:
+    """Rows whose selection temporaries (keys, sort values and indices, masks: ~40 bytes a cell)
+    fit ``budget`` bytes; at least one."""
+    return max(1, budget // max(1, 40 * max(n, 1) + 24 * topk))

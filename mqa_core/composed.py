@@ -1,0 +1,270 @@
+"""The core's own provider of the fused top-k ops: any logits provider, then any ``topk_per_row``
+provider, in row chunks whose logits fit the workspace bound.
+
+So every logits kernel gets the indexer step for free (DeepGEMM's, a third party's), and a provider
+with a fused kernel wins where its priority (or a tuning table) says it is faster. The parts are
+chosen as the public ops choose (``MQA_PROVIDER``, ``MQA_DISABLE_PROVIDERS``, ``MQA_BATCH_INVARIANT``
+apply to each), and called through their :class:`~mqa_core.provider.Provider`, so their arguments and
+results are checked like any call's.
+
+Memory: the logits of a chunk take at most half the workspace; the selection gets the other half for
+its own temporaries, and a chunk's indices (and values) are copied into the output. Rows are chunked
+so that, whatever N is, the peak beyond inputs and output stays within ``MQA_WORKSPACE_MB``.
+
+The chunk loops (:func:`chunked_prefill_topk`, :func:`chunked_paged_topk`) take the two parts as
+functions, so a provider that composes its own kernels (torch_ref) reuses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .spec import (
+    COMPOSED_DISTRIBUTION,
+    COMPOSED_NAME,
+    DTYPE_PAIRS,
+    FP4_PAIR,
+    ProviderSpec,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+#: (q, kv, weights, ks, ke) -> float32 logits [rows, keys]
+PrefillLogits = Callable[..., "torch.Tensor"]
+#: (q, kv_cache, weights, context_lens, block_tables, max_context_len) -> float32 logits [rows, max_context_len]
+PagedLogits = Callable[..., "torch.Tensor"]
+#: (logits, ks, ke, topk, positions, return_values, workspace_bytes) -> (indices, values or None)
+Select = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
+
+#: Bytes per logit of a chunk (float32).
+_CELL = 4
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows ``[r0, r1)`` scored over keys ``[lo, hi)`` (the union of their windows)."""
+
+    r0: int
+    r1: int
+    lo: int
+    hi: int
+
+
+def split_workspace(workspace_bytes: int, topk: int, return_values: bool) -> tuple[int, int]:
+    """(logits cells a chunk may hold, bytes its selection may use): half the workspace each, less the
+    chunk's copy of its indices and values."""
+    half = workspace_bytes // 2
+    return half // _CELL, workspace_bytes - half
+
+
+def plan_prefill(ks: list[int], ke: list[int], n: int, cells: int, topk: int, return_values: bool,
+                 op: str = "fp8_mqa_topk") -> list[Chunk]:
+    """Consecutive rows while ``rows * (hi - lo)`` logits plus their ``rows * topk`` outputs fit
+    ``cells``; raises ValueError (before any kernel runs) when one row's window alone does not."""
+    out_cells = 2 if return_values else 1
+    chunks: list[Chunk] = []
+    r0, lo, hi = 0, n, 0
+    for r, (a, b) in enumerate(zip(ks, ke)):
+        a, b = max(a, 0), min(b, n)
+        if a >= b:  # an empty window widens nothing
+            a, b = lo, hi
+        nlo, nhi = min(lo, a), max(hi, b)
+        rows = r - r0 + 1
+        if rows * (max(nhi - nlo, 0) + out_cells * topk) > cells and rows > 1:
+            chunks.append(Chunk(r0, r, lo, hi))
+            r0, lo, hi = r, n, 0
+            nlo, nhi = (a, b) if a < b else (n, 0)
+        if max(nhi - nlo, 0) + out_cells * topk > cells:
+            raise ValueError(f"{op}: row {r}'s window [{a}, {b}) needs {(b - a) * _CELL / 2**20:.1f} MiB of logits, "
+                             f"more than half the workspace ({2 * cells * _CELL / 2**20:.0f} MiB); raise "
+                             "MQA_WORKSPACE_MB")
+        lo, hi = nlo, nhi
+    if r0 < len(ks):
+        chunks.append(Chunk(r0, len(ks), lo, hi))
+    return chunks
+
+
+def torch_where_valid(idx: "torch.Tensor", shift: int) -> "torch.Tensor":
+    """``idx + shift`` where ``idx >= 0``; -1 padding stays."""
+    return idx + (idx >= 0).to(idx.dtype) * shift
+
+
+def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: Any, weights: Any,
+                         ks: "torch.Tensor", ke: "torch.Tensor", topk: int, positions: str, return_values: bool,
+                         workspace_bytes: int) -> "tuple[torch.Tensor, torch.Tensor | None]":
+    """``fp8_mqa_topk`` as logits then selection, in row chunks within ``workspace_bytes``.
+
+    A chunk scores only the keys its windows cover (k sliced to ``[lo, hi)``, windows shifted), so a
+    packed batch of short requests costs its windows, not ``rows x N``. The windows are read to the
+    host once (a prefill call syncs; the paged op does not).
+    """
+    import torch
+
+    k, k_scale = kv
+    q_rows = q[0] if isinstance(q, (tuple, list)) else q
+    m, n = q_rows.shape[0], k.shape[0]
+    cells, select_bytes = split_workspace(workspace_bytes, topk, return_values)
+    ks_h, ke_h = ks.tolist(), ke.tolist()
+    chunks = plan_prefill(ks_h, ke_h, n, cells, topk, return_values)
+    device = q_rows.device
+    if len(chunks) == 1 and chunks[0].lo == 0 and chunks[0].hi >= n:
+        logits = logits_fn(q, kv, weights, ks, ke)
+        idx, vals = select(logits, ks, ke, topk, positions, return_values, select_bytes)
+        del logits
+        return idx, vals
+    idx = torch.empty((m, topk), dtype=torch.int32, device=device)
+    vals = torch.empty((m, topk), dtype=torch.float32, device=device) if return_values else None
+    for c in chunks:
+        rows = slice(c.r0, c.r1)
+        lo, hi = (c.lo, c.hi) if c.lo < c.hi else (0, 0)
+        qc = (q[0][rows], q[1][rows]) if isinstance(q, (tuple, list)) else q[rows]
+        kc = (k[lo:hi], k_scale[lo:hi])
+        ks_c, ke_c = ks[rows] - lo, ke[rows] - lo
+        logits = logits_fn(qc, kc, weights[rows], ks_c, ke_c)
+        i, v = select(logits, ks_c, ke_c, topk, positions, return_values, select_bytes)
+        del logits
+        idx[rows] = torch_where_valid(i, lo) if positions == "absolute" and lo else i
+        if vals is not None and v is not None:
+            vals[rows] = v
+    return idx, vals
+
+
+def paged_windows(context_lens: "torch.Tensor", next_n: int, block_tables: "torch.Tensor", block_size: int,
+                  max_context_len: int) -> "torch.Tensor":
+    """int32 [B * next_n]: the keys each decode row sees, ``p < lens``, capped by max_context_len and
+    what the block table covers; device ops only (capturable in a CUDA graph)."""
+    from .reference import visible_lengths
+
+    cap = min(max_context_len, block_tables.shape[1] * block_size)
+    return visible_lengths(context_lens, next_n).clamp(0, cap).to(dtype=block_tables.dtype).int()
+
+
+def chunked_paged_topk(logits_fn: PagedLogits, select: Select, q: Any, kv_cache: "torch.Tensor", weights: Any,
+                       context_lens: "torch.Tensor", block_tables: "torch.Tensor", max_context_len: int, topk: int,
+                       schedule: Any, return_values: bool, workspace_bytes: int
+                       ) -> "tuple[torch.Tensor, torch.Tensor | None]":
+    """``fp8_paged_mqa_topk`` as paged logits then selection, in chunks of whole sequences within
+    ``workspace_bytes``. No host synchronisation: the chunks follow from the shapes alone, so a decode
+    step can be captured in a CUDA graph when both parts can."""
+    import torch
+
+    q_rows = q[0] if isinstance(q, (tuple, list)) else q
+    b, next_n = q_rows.shape[0], q_rows.shape[1]
+    cells, select_bytes = split_workspace(workspace_bytes, topk, return_values)
+    per_seq = next_n * (max_context_len + (2 if return_values else 1) * topk)
+    if per_seq > cells:
+        raise ValueError(f"fp8_paged_mqa_topk: one sequence's logits ({next_n} x {max_context_len}) need "
+                         f"{per_seq * _CELL / 2**20:.1f} MiB, more than half the workspace; raise MQA_WORKSPACE_MB")
+    seqs = max(1, cells // per_seq) if per_seq else max(b, 1)
+    ke = paged_windows(context_lens, next_n, block_tables, kv_cache.shape[1], max_context_len)
+    ks = torch.zeros_like(ke)
+    if seqs >= b:
+        logits = logits_fn(q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule)
+        return select(logits, ks, ke, topk, "relative", return_values, select_bytes)
+    idx = torch.empty((b * next_n, topk), dtype=torch.int32, device=q_rows.device)
+    vals = torch.empty((b * next_n, topk), dtype=torch.float32, device=q_rows.device) if return_values else None
+    for s0 in range(0, b, seqs):
+        s1 = min(b, s0 + seqs)
+        seq, rows = slice(s0, s1), slice(s0 * next_n, s1 * next_n)
+        qc = (q[0][seq], q[1][seq]) if isinstance(q, (tuple, list)) else q[seq]
+        logits = logits_fn(qc, kv_cache, weights[rows], context_lens[seq], block_tables[seq], max_context_len, None)
+        i, v = select(logits, ks[rows], ke[rows], topk, "relative", return_values, select_bytes)
+        del logits
+        idx[rows] = i
+        if vals is not None and v is not None:
+            vals[rows] = v
+    return idx, vals
+
+
+class Composed:
+    """The kernel object of the ``composed`` provider: for each call, the logits provider and the
+    ``topk_per_row`` provider the registry chooses for the tensors' arch, pair and shape."""
+
+    @staticmethod
+    def _parts(q: Any, scoring: str, pair: Any, problem: Any) -> tuple[Any, Any]:
+        """(the logits provider, the topk_per_row provider) for this call, as the public ops choose."""
+        from . import registry
+        from .arch import arch_of_device
+        from .spec import Problem
+
+        s = registry.state()
+        arch = arch_of_device((q[0] if isinstance(q, (tuple, list)) else q).device)
+        logits = registry.provider_for(arch, scoring, pair, problem, s=s)
+        select = registry.provider_for(arch, "topk_per_row", None, Problem(problem.m, problem.n, 1, 1), s=s)
+        return logits, select
+
+    @staticmethod
+    def _select(provider: Any) -> Select:
+        """The topk_per_row provider as the chunk loops call it: always (indices, values or None)."""
+        def select(logits: Any, ks: Any, ke: Any, topk: int, positions: str, return_values: bool,
+                   workspace_bytes: int) -> Any:
+            out = provider.topk_per_row(logits, ks, ke, topk, positions=positions, return_values=return_values,
+                                        workspace_bytes=workspace_bytes)
+            return out if return_values else (out, None)
+        return select
+
+    def fp8_mqa_topk(self, q: Any, kv: Any, weights: Any, ks: Any, ke: Any, topk: int, *, positions: str,
+                     return_values: bool, workspace_bytes: int) -> Any:
+        from .memo import MQA
+        from .validate import mqa_logits_args
+
+        args = (q, kv, weights, ks, ke)
+        logits_p, select_p = self._parts(q, "fp8_mqa_logits", MQA.pair(args), mqa_logits_args(*args, True))
+
+        def logits_fn(q: Any, kv: Any, w: Any, ks: Any, ke: Any) -> Any:
+            return logits_p.fp8_mqa_logits(q, kv, w, ks, ke, clean_logits=True)
+
+        return chunked_prefill_topk(logits_fn, self._select(select_p), q, kv, weights, ks, ke, topk, positions,
+                                    return_values, workspace_bytes)
+
+    def fp8_paged_mqa_topk(self, q: Any, kv_cache: Any, weights: Any, context_lens: Any, block_tables: Any,
+                           max_context_len: int, topk: int, *, schedule: Any, return_values: bool,
+                           workspace_bytes: int) -> Any:
+        from .memo import PAGED
+        from .validate import paged_mqa_logits_args
+
+        args = (q, kv_cache, weights, context_lens, block_tables, max_context_len, schedule)
+        logits_p, select_p = self._parts(q, "fp8_paged_mqa_logits", PAGED.pair(args),
+                                         paged_mqa_logits_args(*args[:6], True, schedule=schedule))
+
+        def logits_fn(q: Any, kv_cache: Any, w: Any, lens: Any, tables: Any, max_len: int, sched: Any) -> Any:
+            return logits_p.fp8_paged_mqa_logits(q, kv_cache, w, lens, tables, max_len, clean_logits=True,
+                                                 schedule=sched)
+
+        return chunked_paged_topk(logits_fn, self._select(select_p), q, kv_cache, weights, context_lens,
+                                  block_tables, max_context_len, topk, schedule, return_values, workspace_bytes)
+
+
+#: The one instance the composed spec loads.
+KERNELS = Composed()
+
+
+def _usable(arch: str) -> str | None:
+    """The composed provider needs a provider of ``topk_per_row`` on ``arch`` (a logits provider is
+    asked for per call, with the call's pair and shape)."""
+    from . import registry
+    from .errors import ProviderUnavailableError
+
+    try:
+        registry.provider_for(arch, "topk_per_row", None, None)
+    except ProviderUnavailableError:
+        return f"no provider of topk_per_row is usable on {arch} (`mqa explain --op topk_per_row` says why)"
+    return None
+
+
+def composed_spec() -> ProviderSpec:
+    """The spec of the composed provider: every arch and pair its parts may serve, a priority below
+    every kernel's fused op (100; torch_ref is 0), and the claims its parts are held to under
+    ``MQA_BATCH_INVARIANT=1`` (otherwise it is as deterministic and batch-invariant as its parts)."""
+    from .versions import installed_version
+
+    return ProviderSpec(
+        name=COMPOSED_NAME, ops=frozenset({"fp8_mqa_topk", "fp8_paged_mqa_topk"}), archs=frozenset({"any"}),
+        priority=100, load="mqa_core.composed:KERNELS", check=_usable, distribution=COMPOSED_DISTRIBUTION,
+        version=installed_version(COMPOSED_DISTRIBUTION) or "", dtype_pairs=(*DTYPE_PAIRS, FP4_PAIR),
+        claims=frozenset({"deterministic", "batch_invariant"}),
+        description="the best logits provider, then the best topk_per_row provider, in row chunks within "
+                    "MQA_WORKSPACE_MB")
