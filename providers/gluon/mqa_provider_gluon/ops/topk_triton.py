@@ -41,6 +41,7 @@ No atomics; no host sync; the grid depends only on (M, N, topk) and the launch k
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 from typing import Any
@@ -51,13 +52,31 @@ import triton.language as tl
 
 from .mqa_logits_triton import _interpreting, _on_device
 
-__all__ = ["MAX_PROGRAMS", "TopkPlan", "kernel", "plan", "topk_per_row_triton", "workspace_bytes"]
+__all__ = ["TopkConfig", "TopkPlan", "compile_for", "kernel", "plan", "topk_per_row_triton", "workspace_bytes"]
 
-#: Programs in the grid at most; each strides over rows ``pid, pid + P, ...`` with its own workspace.
-MAX_PROGRAMS = 512
-_BLOCK = 4096  # elements per streamed block (<= 65535: the compaction packs two counts in an int32)
 _TAIL = 1024  # elements per store when filling [K, topk) with -1
-_NUM_WARPS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkConfig:
+    """Launch knobs. None of them changes the result, only the speed (and the workspace size)."""
+
+    #: Elements per streamed block: 2048 with 8 warps keeps sm_90 at 128 registers (4096: 255).
+    block: int = 2048
+    num_warps: int = 8
+    #: Programs in the grid at most; each strides over rows ``pid, pid + P, ...`` with its own workspace.
+    max_programs: int = 512
+
+    def __post_init__(self) -> None:
+        for k in ("block", "num_warps", "max_programs"):
+            v = getattr(self, k)
+            if v < 1 or (k != "max_programs" and v & (v - 1)):
+                raise ValueError(f"TopkConfig.{k} must be a positive power of two, got {v}")
+        if not 256 <= self.block <= 32768:  # the compaction packs two block counts in an int32
+            raise ValueError(f"TopkConfig.block must be in [256, 32768], got {self.block}")
+
+
+_DEFAULT = TopkConfig()
 
 
 class TopkPlan(tuple[int, int, int]):
@@ -78,7 +97,7 @@ class TopkPlan(tuple[int, int, int]):
         return self[2]
 
 
-def plan(m: int, n: int, topk: int, max_programs: int = MAX_PROGRAMS) -> TopkPlan:
+def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
     """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size.
 
     CAP = 4*topk rounded up to a power of two (>= 2048): the threshold guess aims at CAP/2
@@ -86,15 +105,15 @@ def plan(m: int, n: int, topk: int, max_programs: int = MAX_PROGRAMS) -> TopkPla
     256..min(8192, CAP)) puts >= 64 sample keys above the guess for windows up to N."""
     cap = max(2048, triton.next_power_of_2(4 * max(topk, 1)))
     sample = max(256, min(8192, cap, triton.next_power_of_2(-(-128 * max(n, 1) // cap))))
-    return TopkPlan((max(1, min(m, max_programs)), cap, sample))
+    return TopkPlan((max(1, min(m, config.max_programs)), cap, sample))
 
 
 def workspace_bytes(m: int, n: int, topk: int, dtype: torch.dtype = torch.float32,
-                    max_programs: int = MAX_PROGRAMS) -> int:
+                    config: TopkConfig = _DEFAULT) -> int:
     """Bytes of the workspace a call of shape ``(M, N, topk)`` over ``dtype`` logits uses (allocated
     inside the call unless passed as ``workspace``): 0 when N <= CAP (no window needs a filter),
     else ``programs * CAP * (4 + itemsize)``."""
-    p = plan(m, n, topk, max_programs)
+    p = plan(m, n, topk, config)
     if m == 0 or n <= p.cap:
         return 0
     return p.programs * p.cap * (4 + torch.empty((), dtype=dtype).element_size())
@@ -181,14 +200,13 @@ def _topk_kernel(
             # ---- 3: radix select of the kk-th largest key over the source, 8 bits a pass
             prefix = (kk * 0).to(tl.uint32)
             krem = kk
-            for p in tl.static_range(4):
-                SHIFT: tl.constexpr = 24 - 8 * p
+            for SHIFT in tl.static_range(24, -1, -8):
                 hist = tl.zeros([256], dtype=tl.int32)
                 for i in range(0, n_src, BLOCK):
                     offs = i + offs_b
                     ok = offs < n_src
                     k = _keys(tl.load(src + offs, mask=ok, other=0.0))
-                    if p > 0:
+                    if SHIFT < 24:
                         ok = ok & ((k >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
                     hist += tl.histogram(((k >> SHIFT) & 0xFF).to(tl.int32), 256, mask=ok)
                 b, above = _pick(hist, krem)
@@ -257,7 +275,7 @@ def kernel(interpret: bool | None = None) -> Any:
 def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
                         positions: str = "relative", out: torch.Tensor | None = None,
                         values: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
-                        max_programs: int = MAX_PROGRAMS) -> torch.Tensor:
+                        config: TopkConfig | None = None) -> torch.Tensor:
     """Positions of the ``topk`` largest logits of each row's window, ascending; returns ``out``.
 
     :param logits: [M, N] float32 or bfloat16, unit last stride, any row stride.
@@ -270,8 +288,7 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
     :param workspace: optional uint8 tensor of >= :func:`workspace_bytes` bytes on the same device;
         allocated per call when None and needed (its size depends only on the shape, so CUDA-graph
         capture is fine either way).
-    :param max_programs: grid cap (the grid is ``min(M, max_programs)``); the result does not depend
-        on it.
+    :param config: launch knobs (:class:`TopkConfig`); the result does not depend on them.
     """
     if logits.dim() != 2 or logits.dtype not in (torch.float32, torch.bfloat16) or (
             logits.shape[1] > 1 and logits.stride(1) != 1):
@@ -293,8 +310,9 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         _check_out("values", values, torch.float32, m, topk, logits.device)
     if m == 0:
         return out
-    p = plan(m, n, topk, max_programs)
-    need = workspace_bytes(m, n, topk, logits.dtype, max_programs)
+    cfg = config or _DEFAULT
+    p = plan(m, n, topk, cfg)
+    need = workspace_bytes(m, n, topk, logits.dtype, cfg)
     wpos: torch.Tensor = out
     wval: torch.Tensor = logits
     if need:
@@ -315,8 +333,8 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         kernel(interpret)[(p.programs,)](
             logits, ks, ke, out, values if values is not None else out, wpos, wval,
             m, n, logits.stride(0), out.stride(0), values.stride(0) if values is not None else 0, topk,
-            CAP=p.cap, SAMPLE=p.sample, BLOCK=_BLOCK, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
-            VALUES=values is not None, num_warps=_NUM_WARPS,
+            CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
+            VALUES=values is not None, num_warps=cfg.num_warps,
         )
     return out
 
@@ -325,3 +343,30 @@ def _check_out(name: str, t: torch.Tensor, dtype: torch.dtype, m: int, topk: int
     if t.dtype != dtype or t.shape != (m, topk) or t.device != device or (topk > 1 and t.stride(1) != 1):
         raise ValueError(f"topk_per_row_triton: {name} must be {dtype} [{m}, {topk}] with unit last stride on "
                          f"{device}; got {t.dtype} {tuple(t.shape)} strides {t.stride()} on {t.device}")
+
+
+def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131072, topk: int = 2048,
+                values: bool = True, absolute: bool = False, config: TopkConfig | None = None) -> dict[str, Any]:
+    """Build the kernel ahead of time for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``, see
+    ``mqa_provider_gluon.aot.TARGETS``) as a call of that shape would launch it; returns the asm dict
+    with the compiled metadata under ``"metadata"``."""
+    from triton.compiler import ASTSource
+
+    from ..aot import TARGETS
+
+    cfg = config or _DEFAULT
+    p = plan(1, n, topk, cfg)
+    fn = kernel(interpret=False)
+    elem = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    consts = {"CAP": p.cap, "SAMPLE": p.sample, "BLOCK": cfg.block, "TAIL": _TAIL, "ABSOLUTE": absolute,
+              "VALUES": values}
+    types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "val_ptr": "*fp32"}
+    signature = {a: ("constexpr" if a in consts else types_.get(a, "*i32" if a.endswith("_ptr") else "i32"))
+                 for a in fn.arg_names}
+    aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+                              target=TARGETS[target], options={"num_warps": cfg.num_warps})
+    asm = dict(compiled.asm)
+    asm["metadata"] = compiled.metadata
+    return asm
