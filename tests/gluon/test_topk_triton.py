@@ -328,3 +328,10 @@ def test_gpu_large_matches_reference(m, n, topk, prefill, dtype):
     again = torch.empty_like(out)
     topk_per_row_triton(x, ks, ke, topk, out=again)
     assert torch.equal(out, again)
+
+
+@pytest.mark.parametrize("n,topk", [(40000, 4096), (20000, 5000)])
+def test_large_topk(interpret, n, topk):
+    """topk 4096 with a sampled threshold (CAP 16384 < N), and topk 5000 with every window within CAP."""
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(n))
+    check(x, torch.tensor([0, 33], dtype=torch.int32), torch.tensor([n, n - 5], dtype=torch.int32), topk)
