@@ -386,6 +386,10 @@ def sample_plan(topk: int, w_max: int, tun: Tuning | None = None) -> tuple[int, 
     return s, r, cap
 
 
+def _round16(x: int) -> int:
+    return -(-x // 16) * 16
+
+
 def _sort_bytes(cells: int, elem: int) -> int:
     """A sort of ``cells`` elements of ``elem`` bytes returning values and int64 indices, plus scratch."""
     return int(cells * (elem + 8) * (1 + SORT_SCRATCH))
@@ -395,7 +399,7 @@ def plan(m: int, n: int, h: int, d: int, topk: int, w_max: int, workspace_bytes:
          tun: Tuning | None = None) -> dict[str, int]:
     """Chunk sizes and per-row byte counts for a call (see the module docstring, *Memory*)."""
     s, r, cap = sample_plan(topk, w_max, tun)
-    ns = -(-(-(-n // s)) // 16) * 16 if s else 0
+    ns = _round16(-(-n // s)) if s else 0
     sample_row = (4 * ns + ns + _sort_bytes(r, 4) + 4 * r + _sort_bytes(ns, 4) // 8) if s else 0
     # Candidate stage, the largest of its moments: pos+val+mask+sort(out+scratch), then sorted pos +
     # gathered values + select.
@@ -546,7 +550,8 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
                          f"({p['row_bytes']} bytes; topk={topk}, N={n})")
     s, r, cap = p["stride"], p["rank"], p["capacity"]
     cols = torch.arange(topk, dtype=torch.int64)
-    ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "chunks": 0}
+    ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
+                           "dense_rows": 0, "chunks": 0}
     for m0 in range(0, m, p["rows"]):
         m1 = min(m, m0 + p["rows"])
         ctx["chunks"] += 1
@@ -608,6 +613,10 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     bad = sampled & ((count < topk) | (count > cap))
     good = scored & ~bad
     ctx["fallback_rows"] += int(bad.sum())
+    ctx["undercount_rows"] += int((sampled & (count < topk)).sum())
+    ctx["overflow_rows"] += int((sampled & (count > cap)).sum())
+    ctx["sampled_rows"] += int(sampled.sum())
+    ctx["dense_rows"] += int(dense.sum())
     filled = count.clamp(max=cap)
 
     # 4. Exact selection over the candidates, in position order.
@@ -702,3 +711,45 @@ def _rescore(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.
         if vals is not None:
             vals[rd] = torch.where(got >= 0, v, float("-inf"))
         del qr, wr, mval, mpos, got, res
+
+
+# ---- ahead-of-time builds (as mqa_provider_gluon.aot does for the logits kernel) ----------------
+
+_AOT_ALIGNED = ("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "tau_ptr", "cnt_ptr", "pos_ptr",
+                "val_ptr", "stride_qm", "stride_qh", "stride_kn", "stride_wm", "stride_cm")
+
+
+def compile_filter_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig | None = None
+                       ) -> dict[str, Any]:
+    """Build the filter kernel for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, with
+    the fp8 flavour the launcher hands it there (e4m3fnuz on gfx942); returns the asm dict plus
+    ``"metadata"``, for ``aot.sass_facts`` / ``aot.mfma_formats`` / ``aot.amd_facts``."""
+    import inspect
+
+    from triton.compiler import ASTSource
+
+    from .. import aot
+    from ..fp8 import wants_fnuz
+
+    tgt = aot._target(target)
+    arch = target if target in aot.TARGETS else next(k for k, v in aot.TARGETS.items() if v == tgt)
+    cfg = config or default_config(arch, h)
+    fp8 = aot.TRITON_FP8["float8_e4m3fnuz" if wants_fnuz(arch) else "float8_e4m3fn"]
+    fn = filter_kernel(interpret=False)
+    tma = cfg.tma and tgt.backend == "cuda"
+    consts: dict[str, Any] = {"stride_kscale": 1, **filter_constexprs(cfg, h, d, tma=tma)}
+    if not tma:
+        consts["k_desc"] = None
+    types = {"q_ptr": f"*{fp8}", "k_ptr": f"*{fp8}", "k_desc": f"tensordesc<{fp8}[{cfg.block_n},{_d_pad(d)}]>",
+             "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "tau_ptr": "*fp32",
+             "cnt_ptr": "*i32", "pos_ptr": "*i32", "val_ptr": "*fp32"}
+    for p in fn.params:
+        if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
+            consts[p.name] = p.default
+    signature = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in _AOT_ALIGNED}
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    compiled = triton.compile(src, target=tgt, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    asm = dict(compiled.asm)
+    asm["metadata"] = compiled.metadata
+    return asm
