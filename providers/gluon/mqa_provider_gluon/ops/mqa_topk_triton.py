@@ -57,9 +57,10 @@ rescored with a merge buffer of (topk + P) cells per row (8 bytes each, plus sel
 and windows gathered (H*D + 4H + 64 bytes); P and the rows per rescoring chunk are chosen so that
 fits, so neither N nor a window's width bounds what fits: at least ``topk`` cells per row must.
 On gfx942 e4m3fn inputs are relabelled to e4m3fnuz once; those copies (M*H*D + N*D bytes, plus the
-doubled weights and k_scale) are counted first. Example: M=1024, N=2**20, topk=2048, 256 MiB: s = 64,
-r = 41, C = 5083, ~200 KiB per fast-path row, all 1024 rows in about one chunk; the full logits
-matrix would be 4 GiB.
+doubled weights and k_scale) are counted first. Examples at 256 MiB (``plan``): M=1024, N=2**20,
+topk=2048: s = 64, r = 64, C = 7168, 256 KiB per fast-path row, chunks of 1023 rows (the logits
+matrix would be 4 GiB); a misjudged row there is rescored in one piece of 2**20 keys, 7 rows at a
+time. M=4096, N=131072, topk=2048: s = 32, r = 105, C = 5328, 199 KiB per row, 4 chunks of <= 1320.
 
 Predicted cost on an H200 (M=4096, N=131072, H=64, D=128, topk=2048, causal: ~N - M/2 keys per
 row, ~5.3e8 scored cells; fp8 ~1100 TFLOP/s achievable, 4 TB/s HBM):
@@ -67,7 +68,7 @@ row, ~5.3e8 scored cells; fp8 ~1100 TFLOP/s achievable, 4 TB/s HBM):
 - logits FLOPs 2*H*D*cells = 8.7e12 -> ~7.9 ms at 1100 TFLOP/s (the same as the logits kernel);
 - the sample (s = 32, r = 105): 1/32 of that, 2.7e11 FLOPs -> ~0.25 ms, plus its [M, 4096] fp32
   matrix (64 MiB written and read: ~0.03 ms) and a per-row top-105 over 4096 values;
-- candidates: C = 5329 per row, ~3.4k filled on average (r*s): 4096 * 3.4k * 8 B = 110 MiB written
+- candidates: C = 5328 per row, ~3.4k filled on average (r*s): 4096 * 3.4k * 8 B = 110 MiB written
   plus the position sort and select over [4096, 5329] (a few 100 MiB of traffic: ~0.1-0.2 ms);
 - the unfused path writes 2 GiB of fp32 logits and reads them back in the top-k kernel: 4 GiB of
   HBM traffic, ~1.1 ms at 4 TB/s, plus a top-k over 5.4e8 values (~1-2 ms for a radix select), and
@@ -549,7 +550,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         raise ValueError(f"fp8_mqa_topk_triton: workspace_bytes={workspace_bytes} cannot hold one row "
                          f"({p['row_bytes']} bytes; topk={topk}, N={n})")
     s, r, cap = p["stride"], p["rank"], p["capacity"]
-    cols = torch.arange(topk, dtype=torch.int64)
+    cols = torch.arange(topk, dtype=torch.int32, device=dev)
     ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
                            "dense_rows": 0, "chunks": 0}
     for m0 in range(0, m, p["rows"]):
@@ -575,10 +576,14 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     dense = ~small & ~sampled
     scored = sampled | dense | (small & return_values)
 
-    # 1. Rows of width <= topk: arange (values, if asked, from the kernel below).
-    rel = cols[None, :].expand(mc, topk)
-    small_pos = torch.where(rel < w_h[:, None], rel + (0 if positions == "relative" else lo_h[:, None]), -1)
-    out.copy_(torch.where(small[:, None], small_pos, 0).to(torch.int32))
+    # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
+    #    here; the others are overwritten below.
+    with ws.scratch(8 * mc * topk):
+        rel = cols[None, :]
+        w_d = w_h.to(device=dev, dtype=torch.int32)[:, None]
+        start = 0 if positions == "relative" else lo_h.to(device=dev, dtype=torch.int32)[:, None]
+        out.copy_(torch.where(rel < w_d, rel + start, -1))
+        del rel, w_d, start
     if not bool(scored.any()):
         return
 
