@@ -43,6 +43,15 @@ def inputs(m: int, n: int, h: int, d: int, kind: str):
     return q, k, k_scale, w, ks, ke
 
 
+def _launch_facts(q, h: int, d: int, k):
+    from mqa_provider_gluon.ops.mqa_logits_triton import _device_facts, _tma_usable, default_config
+
+    arch, programs = _device_facts(q.get_device())
+    cfg = default_config(arch, h)
+    tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
+    return arch, programs, cfg, tma, op.filter_constexprs(cfg, h, d, tma), False, q.get_device()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, default=4096)
@@ -83,6 +92,19 @@ def main() -> None:
         print(f"  fused (exact)        {t_fused:8.2f} ms  ({flops / t_fused / 1e9:.0f} TFLOP/s of logits)")
         print(f"  fused == exact select over dense logits (positions, value bits): {same}")
         print(f"  fused peak extra memory {peak / 2**20:.1f} MiB (workspace 256 MiB); paths {ctxs[-1]}")
+        # The filter kernel alone over the whole batch: nothing passes (tau = +inf: the epilogue's
+        # compare, cumsum and atomics-free path) vs the real thresholds' candidate traffic.
+        lp = op._Launch(*_launch_facts(q, a.h, a.d, k))
+        cap = ctxs[-1]["plan"]["capacity"]
+        cnt = torch.zeros(a.m, dtype=torch.int32, device="cuda")
+        pos_b = torch.empty(a.m, cap, dtype=torch.int32, device="cuda")
+        val_b = torch.empty(a.m, cap, dtype=torch.float32, device="cuda")
+        for name, tau in (("tau=+inf", torch.full((a.m,), float("inf"), device="cuda")),
+                          ("tau=sampled-like", want_val[:, :].amin(dim=1) - 1e-3 * want_val.abs().amax(dim=1))):
+            t = timed(lambda: (cnt.zero_(), op._launch_filter(lp, q, k, k_scale, w, ks, ke, tau, cnt, pos_b,  # noqa: B023
+                                                               val_b, cap)), a.reps)
+            print(f"  filter kernel alone, {name:18s} {t:8.2f} ms ({flops / t / 1e9:.0f} TFLOP/s), "
+                  f"mean count {cnt.float().mean():.0f}")
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
