@@ -1,0 +1,760 @@
+"""Fused prefill indexer: fp8 MQA logits and the exact top-k per row, without the [M, N] logits matrix.
+
+The result is the exact top-k (DESIGN.md, "the indexer step") of the values one Triton kernel, the
+*filter kernel*, computes per (query, key) cell: ties to the smaller position, positions ascending,
+-1 (value -inf) padding where the window holds fewer than ``topk`` keys; -0.0 == +0.0 and NaN ranks
+below everything. How it gets there, per chunk of query rows:
+
+1. Rows whose window width W <= topk are all of their window (``arange``); the kernel scores them only
+   when values are asked for.
+2. A threshold per row from a strided sample (FlashTopK): every s-th key (``k[::s]``, a view) scored by
+   the logits kernel of ``mqa_logits_triton`` with each row's window mapped to the sample, and
+   ``tau[m]`` = the r-th largest sample value of row m. r is the least with ``r - a*sqrt(r) >= topk/s``
+   (a = 4: the candidate count ~ (r +- sqrt(r)) * s for keys drawn like the sample falls short of
+   topk only past four standard deviations), and the candidate capacity is
+   ``C = r*s + b*s*sqrt(r)`` (b = 6). Rows with W <= C skip the sample: tau = -inf, all of their window.
+   The stride s grows with sqrt(W/topk) (8 to 128): fewer sampled keys, a larger capacity.
+3. The filter kernel is the logits kernel's loop body unchanged (same dot, relu*w, head sum, *scale,
+   same config) with another epilogue: each in-window cell with ``value >= tau[m]`` is appended,
+   (position, value), to row m's candidate buffer [C] through a per-row int32 atomic counter (a
+   cumulative sum inside the tile gives each cell its slot). With tau = -inf a row is *dense*: every
+   cell of its window goes to slot ``n - lo`` (no atomics, positions already in order), NaN included.
+4. Rows with topk <= count <= C: candidates sorted by position, then ``select`` over them (ties to the
+   smaller candidate index == smaller position), indices mapped back to positions.
+5. Rows the sample misjudged (count < topk or count > C): rescored by the same kernel, dense, in key
+   pieces of width P: each piece's values are selected together with the best ``topk`` so far (kept
+   before the piece, so index order is position order). One host sync per chunk finds them.
+6. Every temporary lives inside ``workspace_bytes`` (see *Memory* below), for any N.
+
+The threshold only decides the path, never the result: a candidate set holding every cell >= tau and
+at least topk of them holds the top-k (the k-th largest value is >= tau), and a misjudged row is
+rescored in full. Values are bitwise those of the filter kernel in every path (one compiled kernel;
+tau is a runtime argument), so which path a row took cannot show in its result.
+
+Determinism and batch invariance. A cell's value depends only on q[m], weights[m], k[n], k_scale[n]
+and the launch config: the config comes from (arch, H) alone (``default_config``), never from M, N or
+the windows; the dot computes each output cell from its own row and column, and the head sum and the
+scale run in the same order whichever rows share a block or which program (key split) computes the
+tile. The grid (splits) depends on M, but only decides who computes a tile. Candidate append order
+varies between runs, but selection sorts candidates by position first, and ``select`` is exact, so
+the result is a function of the row's own values: the same bits alone, in any batch, in any chunk,
+with any sample stride or path (row chunking and the stride depend on the batch; the result does not).
+
+Memory (the accounting ``plan`` does and the tests check). Beyond the inputs and the outputs
+(int32 [M, topk] positions, fp32 [M, topk] values), every temporary is allocated through one
+:class:`Workspace`, which counts live bytes, plus declared scratch for torch's own sort/topk
+temporaries (:data:`SORT_SCRATCH`, a factor of the sorted bytes) and for ``select``
+(:data:`SELECT_BYTES_PER_CELL`; a plugged-in ``select`` is assumed to need no more). Per row of a
+fast-path chunk of Mc rows, with Ns = ceil(N / s) (rounded to 16) and C the capacity:
+
+- sample stage: 4*Ns (sample logits) + Ns (NaN mask) + sort scratch of torch.topk + 12*r;
+- candidate stage: 8*C (position, value) + C (mask) + 12*C (position sort: values, indices)
+  + scratch + 4*C (gathered values) ... and, while ``select`` runs, 8*C + SELECT_BYTES_PER_CELL*C;
+- small per-row state (windows, tau, counters, row lists): 64 bytes.
+
+The larger stage times Mc stays below the budget; Mc = budget // per-row bytes. A misjudged row is
+rescored with a merge buffer of (topk + P) cells per row (8 bytes each, plus select's), its q, weights
+and windows gathered (H*D + 4H + 64 bytes); P and the rows per rescoring chunk are chosen so that
+fits, so neither N nor a window's width bounds what fits: at least ``topk`` cells per row must.
+On gfx942 e4m3fn inputs are relabelled to e4m3fnuz once; those copies (M*H*D + N*D bytes, plus the
+doubled weights and k_scale) are counted first. Examples at 256 MiB (``plan``): M=1024, N=2**20,
+topk=2048: s = 64, r = 64, C = 7168, 256 KiB per fast-path row, chunks of 1023 rows (the logits
+matrix would be 4 GiB); a misjudged row there is rescored in one piece of 2**20 keys, 7 rows at a
+time. M=4096, N=131072, topk=2048: s = 32, r = 105, C = 5328, 199 KiB per row, 4 chunks of <= 1320.
+
+Predicted cost on an H200 (M=4096, N=131072, H=64, D=128, topk=2048, causal: ~N - M/2 keys per
+row, ~5.3e8 scored cells; fp8 ~1100 TFLOP/s achievable, 4 TB/s HBM):
+
+- logits FLOPs 2*H*D*cells = 8.7e12 -> ~7.9 ms at 1100 TFLOP/s (the same as the logits kernel);
+- the sample (s = 32, r = 105): 1/32 of that, 2.7e11 FLOPs -> ~0.25 ms, plus its [M, 4096] fp32
+  matrix (64 MiB written and read: ~0.03 ms) and a per-row top-105 over 4096 values;
+- candidates: C = 5328 per row, ~3.4k filled on average (r*s): 4096 * 3.4k * 8 B = 110 MiB written
+  plus the position sort and select over [4096, 5329] (a few 100 MiB of traffic: ~0.1-0.2 ms);
+- the unfused path writes 2 GiB of fp32 logits and reads them back in the top-k kernel: 4 GiB of
+  HBM traffic, ~1.1 ms at 4 TB/s, plus a top-k over 5.4e8 values (~1-2 ms for a radix select), and
+  needs the 2 GiB buffer (or a chunking knob).
+Predicted: ~8.5 ms fused vs ~7.9 + 1.1 + 1-2 = 10-11 ms unfused, the difference being the matrix
+traffic and the full-width top-k; the filter's epilogue (a cumsum and an atomic per tile and row)
+must stay hidden under the MMA for this to hold: measure before believing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import torch
+import triton
+import triton.language as tl
+
+from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
+from .mqa_logits_triton import (
+    TritonConfig,
+    _d_pad,
+    _device_facts,
+    _interpreting,
+    _k_descriptor,
+    _on_device,
+    _tma_usable,
+    constexprs,
+    default_config,
+    fp8_mqa_logits_triton,
+)
+
+__all__ = ["SELECT_BYTES_PER_CELL", "SORT_SCRATCH", "Select", "Tuning", "Workspace", "filter_constexprs",
+           "filter_kernel", "fp8_mqa_topk_triton", "plan", "sample_plan", "select_topk_torch", "tuning"]
+
+#: Bytes per input cell ``select_topk_torch`` allocates beyond its input (an int64 key, one int64
+#: temporary, masks) and what torch.topk needs internally; a plugged-in ``select`` is held to it.
+SELECT_BYTES_PER_CELL = 24
+#: torch.sort / torch.topk scratch, as a multiple of the bytes they return (a radix sort's double
+#: buffers of keys and indices).
+SORT_SCRATCH = 1.0
+#: Per-row bookkeeping: windows, tau, counters, row lists, kernel windows (a generous bound).
+_ROW_BYTES = 64
+
+_INT32_MIN = -(2**31)
+_NAN_KEY = _INT32_MIN + 1  # NaN ranks below every number, -inf included
+_PAD_KEY = _INT32_MIN  # outside the window: below NaN
+_LOW32 = 2**32 - 1
+
+
+# ---- selection over a given logits matrix (the default ``select``) -------------------------------
+
+class Select(Protocol):
+    def __call__(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
+                 positions: str = ..., out: torch.Tensor | None = ..., values: torch.Tensor | None = ...
+                 ) -> Any: ...
+
+
+def select_topk_torch(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
+                      positions: str = "relative", out: torch.Tensor | None = None,
+                      values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact top-k per row of ``logits`` [R, C] fp32 (last dim contiguous, any row stride) inside
+    each row's window [max(ks, 0), min(ke, C)).
+
+    Returns int32 [R, topk] positions ("relative": c - lo, "absolute": c) ascending, -1 padded, and
+    fp32 values (-inf padding) when ``values`` is given (written there) — ``out`` likewise receives
+    the positions. Ties go to the smaller position, -0.0 == +0.0, NaN ranks below everything.
+
+    Each cell becomes one unique int64 key: its value's bits mapped to an order-preserving int32
+    (NaN and out-of-window cells below everything) in the high half, the complement of its column in
+    the low half, so one ``torch.topk`` over the keys is exact and tie-broken, whatever its algorithm.
+    """
+    if positions not in ("relative", "absolute"):
+        raise ValueError(f"positions must be 'relative' or 'absolute', got {positions!r}")
+    r, c = logits.shape
+    dev = logits.device
+    if out is None:
+        out = torch.empty((r, topk), dtype=torch.int32, device=dev)
+    lo = ks.to(device=dev, dtype=torch.int64).clamp(min=0)
+    hi = torch.maximum(ke.to(device=dev, dtype=torch.int64).clamp(max=c), lo)
+    k_eff = min(topk, c)
+    if k_eff == 0 or r == 0:
+        out.fill_(-1)
+        if values is not None:
+            values.fill_(float("-inf"))
+        return out, values
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    key = logits.view(torch.int32).to(torch.int64)
+    t = key >> 31  # -1 for negative floats: flip their magnitude bits so the order is numeric
+    t &= 0x7FFFFFFF
+    key ^= t
+    del t
+    key.masked_fill_(key == -1, 0)  # -0.0 (bits 0x80000000 -> -1) ties +0.0
+    key.masked_fill_(torch.isnan(logits), _NAN_KEY)
+    cols = torch.arange(c, device=dev)
+    key.masked_fill_((cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None]), _PAD_KEY)
+    key <<= 32
+    key += _LOW32 - cols  # smaller column, larger key: ties to the smaller position
+    top = torch.topk(key, k_eff, dim=1, sorted=False).values
+    del key
+    valid = (top >> 32) != _PAD_KEY
+    col = torch.where(valid, _LOW32 - (top & _LOW32), c)
+    col = col.sort(dim=1).values
+    valid = col < c
+    pos = torch.where(valid, col - (lo[:, None] if positions == "relative" else 0), -1)
+    out[:, :k_eff] = pos
+    out[:, k_eff:] = -1
+    if values is not None:
+        v = logits.gather(1, col.clamp(max=c - 1))
+        values[:, :k_eff] = v.masked_fill_(~valid, float("-inf"))
+        values[:, k_eff:] = float("-inf")
+    return out, values
+
+
+# ---- the filter kernel ------------------------------------------------------------------------
+
+def _mqa_topk_filter_kernel(
+    q_ptr, k_ptr, k_desc, kscale_ptr, w_ptr, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos_ptr, val_ptr,
+    M, N, stride_qm, stride_qh, stride_kn, stride_kscale, stride_wm, stride_cm, cap,
+    num_splits, tiles_per_split,
+    H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # Prologue and loop body as in mqa_logits_triton._mqa_logits_kernel: the same cell arithmetic.
+    pid = tl.program_id(0)
+    num_mb = tl.cdiv(M, BLOCK_M)
+    split = pid % num_splits
+    mb = num_mb - 1 - pid // num_splits
+    m0 = mb * BLOCK_M
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    ks = tl.maximum(tl.load(ks_ptr + offs_m, mask=m_ok, other=0), 0)
+    ke = tl.minimum(tl.load(ke_ptr + offs_m, mask=m_ok, other=0), N)
+    nonempty = ks < ke
+    width = tl.maximum(ke - ks, 0).to(tl.uint32, bitcast=True)
+    lo = tl.min(tl.where(nonempty, ks, N), axis=0)
+    hi = tl.max(tl.where(nonempty, ke, 0), axis=0)
+    # tau = -inf: a dense row (every window cell to slot n - ks, no counter); else append if >= tau.
+    tau = tl.load(tau_ptr + offs_m, mask=m_ok, other=float("inf"))
+    dense = tau == float("-inf")
+
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, tl.cdiv(N, BLOCK_N))
+    c_begin = tl.minimum(tl.maximum(t_begin, lo // BLOCK_N), t_end)
+    c_end = tl.maximum(tl.minimum(t_end, tl.cdiv(hi, BLOCK_N)), c_begin)
+
+    ROWS: tl.constexpr = BLOCK_M * H_PAD
+    offs_r = tl.arange(0, ROWS)
+    r_m = m0 + offs_r // H_PAD
+    r_h = offs_r % H_PAD
+    r_ok = (r_m < M) & (r_h < H)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    q = tl.load(q_ptr + r_m[:, None].to(tl.int64) * stride_qm + r_h[:, None] * stride_qh + offs_d[None, :],
+                mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    q_t = tl.trans(q)
+    w = tl.load(w_ptr + r_m.to(tl.int64) * stride_wm + r_h, mask=r_ok, other=0.0)
+
+    offs_n0 = tl.arange(0, BLOCK_N)
+    cand_rows = offs_m[None, :].to(tl.int64) * stride_cm
+    k_ptrs = (k_ptr + (c_begin * BLOCK_N + offs_n0)[:, None].to(tl.int64) * stride_kn
+              + offs_d[None, :])
+    for t in range(c_begin, c_end):
+        offs_n = t * BLOCK_N + offs_n0
+        n_ok = offs_n < N
+        if USE_TMA:
+            k = k_desc.load([t * BLOCK_N, 0])
+        else:
+            k = tl.load(k_ptrs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            k_ptrs += BLOCK_N * stride_kn
+        s = tl.dot(k, q_t)  # [BLOCK_N, ROWS] fp32
+        s = tl.maximum(s, 0.0) * w[None, :]
+        logits = tl.sum(tl.reshape(s, (BLOCK_N, BLOCK_M, H_PAD)), axis=2)  # [BLOCK_N, BLOCK_M]
+        scale = tl.load(kscale_ptr + offs_n * stride_kscale, mask=n_ok, other=0.0)
+        logits = logits * scale[:, None]
+
+        # The epilogue: append (position, value) of the cells that pass, per row.
+        rel = (offs_n[:, None] - ks[None, :]).to(tl.uint32, bitcast=True)
+        keep = (rel < width[None, :]) & ((logits >= tau[None, :]) | dense[None, :])
+        keep_i = keep.to(tl.int32)
+        total = tl.sum(keep_i, axis=0)  # [BLOCK_M]
+        base = tl.atomic_add(cnt_ptr + offs_m, total, mask=m_ok & (total > 0) & (dense == 0), sem="relaxed")
+        slot = tl.where(dense[None, :], rel.to(tl.int32, bitcast=True), base[None, :] + tl.cumsum(keep_i, axis=0) - 1)
+        ok = keep & (slot < cap)
+        dst = cand_rows + slot
+        tl.store(pos_ptr + dst, offs_n[:, None] + tl.zeros((BLOCK_N, BLOCK_M), tl.int32), mask=ok)
+        tl.store(val_ptr + dst, logits, mask=ok)
+
+
+_jit_cache: dict[bool, Any] = {}
+
+
+def _jitted(interpret: bool) -> Any:
+    """The filter kernel jitted for one mode (see mqa_logits_triton._jitted)."""
+    if interpret not in _jit_cache:
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpret
+            _jit_cache[interpret] = triton.jit(
+                _mqa_topk_filter_kernel, do_not_specialize=["M", "N", "cap", "num_splits", "tiles_per_split"])
+    return _jit_cache[interpret]
+
+
+def filter_kernel(interpret: bool | None = None) -> Any:
+    """The jitted filter kernel for ``interpret`` (default: what TRITON_INTERPRET says now)."""
+    return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)
+
+
+def filter_constexprs(cfg: TritonConfig, h: int, d: int, tma: bool = False) -> dict[str, Any]:
+    """The filter kernel's compile-time arguments: the logits kernel's, less CLEAN."""
+    consts = constexprs(cfg, h, d, True, tma=tma)
+    del consts["CLEAN"]
+    return consts
+
+
+# ---- workspace: every temporary through one allocator -------------------------------------------
+
+class Workspace:
+    """Allocates the temporaries and counts their live bytes (and declared scratch); ``peak`` is the
+    most ever live. With ``poison`` every buffer starts as garbage (NaN, -7), so a cell read before
+    it is written shows."""
+
+    def __init__(self, device: torch.device, poison: bool = False) -> None:
+        self.device = device
+        self.poison = poison
+        self.live = 0
+        self.peak = 0
+
+    def _count(self, t: torch.Tensor) -> torch.Tensor:
+        nbytes = t.untyped_storage().nbytes()
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(t, self._release, nbytes)
+        return t
+
+    def _release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def empty(self, *shape: int, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype, device=self.device)
+        if self.poison:
+            t.fill_(float("nan") if dtype.is_floating_point else -7)
+        return self._count(t)
+
+    def adopt(self, t: torch.Tensor) -> torch.Tensor:
+        """Count a tensor something else allocated (a sort's result, the sample's logits)."""
+        return self._count(t)
+
+    @contextlib.contextmanager
+    def scratch(self, nbytes: int) -> Iterator[None]:
+        """Declared temporaries of a torch call (sort, topk, select) while it runs."""
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        try:
+            yield
+        finally:
+            self.live -= nbytes
+
+
+# ---- planning -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Test hooks: fix the sample stride, rank or capacity, or the kernel config (None: the rule)."""
+
+    stride: int | None = None
+    rank: int | None = None
+    capacity: int | None = None
+    config: TritonConfig | None = None
+    #: Rescoring piece width cap (None: as wide as the workspace allows).
+    piece: int | None = None
+    poison: bool = False
+    #: Called with the call's Workspace when it finishes (tests read its peak).
+    report: Callable[[Workspace, dict[str, Any]], None] | None = None
+
+
+_TUNING = Tuning()
+
+
+@contextlib.contextmanager
+def tuning(**kw: Any) -> Iterator[None]:
+    """``with tuning(stride=4, rank=2): ...`` overrides the planning rule (tests force each path)."""
+    global _TUNING
+    before = _TUNING
+    _TUNING = dataclasses.replace(before, **kw)
+    try:
+        yield
+    finally:
+        _TUNING = before
+
+
+def sample_plan(topk: int, w_max: int, tun: Tuning | None = None) -> tuple[int, int, int]:
+    """(stride s, rank r, capacity C) for rows of width up to ``w_max``; s == 0: no sample (every row
+    with W > topk is dense, C = w_max)."""
+    tun = tun or _TUNING
+    ratio = w_max / max(topk, 1)
+    if tun.stride is not None:
+        s = tun.stride
+    else:
+        s = 1 << int(math.floor(math.log2(max(4 * math.sqrt(ratio), 1))))
+        s = min(s, 128)
+    if s < 8 and tun.stride is None:
+        return 0, 0, max(w_max, topk)
+    t = topk / s
+    a, b = 4.0, 6.0
+    r = tun.rank if tun.rank is not None else math.ceil(((a + math.sqrt(a * a + 4 * t)) / 2) ** 2)
+    cap = tun.capacity if tun.capacity is not None else -(-int(math.ceil(r * s + b * s * math.sqrt(r))) // 16) * 16
+    cap = max(cap, topk)
+    if cap >= w_max and tun.stride is None:
+        return 0, 0, max(w_max, topk)
+    return s, r, cap
+
+
+def _round16(x: int) -> int:
+    return -(-x // 16) * 16
+
+
+def _sort_bytes(cells: int, elem: int) -> int:
+    """A sort of ``cells`` elements of ``elem`` bytes returning values and int64 indices, plus scratch."""
+    return int(cells * (elem + 8) * (1 + SORT_SCRATCH))
+
+
+def plan(m: int, n: int, h: int, d: int, topk: int, w_max: int, workspace_bytes: int,
+         tun: Tuning | None = None) -> dict[str, int]:
+    """Chunk sizes and per-row byte counts for a call (see the module docstring, *Memory*)."""
+    s, r, cap = sample_plan(topk, w_max, tun)
+    ns = _round16(-(-n // s)) if s else 0
+    sample_row = (4 * ns + ns + _sort_bytes(r, 4) + 4 * r + _sort_bytes(ns, 4) // 8) if s else 0
+    # Candidate stage, the largest of its moments: pos+val+mask+sort(out+scratch), then sorted pos +
+    # gathered values + select.
+    cand_row = max(8 * cap + cap + _sort_bytes(cap, 4), 8 * cap + SELECT_BYTES_PER_CELL * cap + 16 * topk)
+    per_row = max(sample_row, cand_row) + _ROW_BYTES
+    return {"stride": s, "rank": r, "capacity": cap, "sample_cols": ns, "sample_row_bytes": sample_row,
+            "candidate_row_bytes": cand_row, "row_bytes": per_row,
+            "rows": max(0, min(m, workspace_bytes // per_row)) if m else 0}
+
+
+def _rescore_plan(rows: int, w_max: int, topk: int, h: int, d: int, budget: int,
+                  tun: Tuning | None = None) -> tuple[int, int]:
+    """(piece width P, rows per rescoring chunk) so that (topk + P)-cell merge buffers fit."""
+    tun = tun or _TUNING
+    fixed = h * d + 4 * h + _ROW_BYTES + 32 * topk  # gathered q, w; windows; select's outputs
+    per_cell = 8 + SELECT_BYTES_PER_CELL
+    p_max = (budget - fixed) // per_cell - topk
+    if p_max < 1:
+        raise ValueError(f"fp8_mqa_topk_triton: workspace_bytes={budget} cannot hold one row's rescoring "
+                         f"({fixed + per_cell * (topk + 1)} bytes for topk={topk}, H={h}, D={d})")
+    p = min(w_max, p_max, 1 << 20)
+    if tun.piece is not None:
+        p = min(p, tun.piece)
+    p = max(p, 1)
+    per_row = fixed + per_cell * (topk + p)
+    return p, max(1, min(rows, budget // per_row))
+
+
+# ---- the launcher -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    arch: str
+    programs: int
+    cfg: TritonConfig
+    tma: bool
+    consts: dict[str, Any]
+    interpret: bool
+    index: int
+
+
+def _launch_filter(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
+                   ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor, pos: torch.Tensor,
+                   val: torch.Tensor, cap: int) -> None:
+    """One filter launch over rows [0, len(ks)); ``pos``/``val`` rows of stride ``pos.stride(0)``."""
+    m, n = ks.shape[0], k.shape[0]
+    if m == 0 or n == 0:
+        return
+    assert pos.stride() == val.stride() and pos.stride(1) == 1
+    cfg = lp.cfg
+    num_mb = -(-m // cfg.block_m)
+    num_tiles = -(-n // cfg.block_n)
+    splits = max(1, min(num_tiles, -(-lp.programs // num_mb)))
+    tiles_per_split = -(-num_tiles // splits)
+    splits = -(-num_tiles // tiles_per_split)
+    k_desc = _k_descriptor(k, cfg, lp.arch) if lp.tma else None
+    with _interpreting() if lp.interpret else _on_device(lp.index):
+        filter_kernel(lp.interpret)[(num_mb * splits,)](
+            q, k, k_desc, k_scale, w, ks, ke, tau, cnt, pos, val,
+            m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), w.stride(0), pos.stride(0), cap,
+            splits, tiles_per_split, **lp.consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+           ke: torch.Tensor, topk: int, positions: str) -> None:
+    problems = []
+    if q.dim() != 3 or k.dim() != 2 or q.shape[2] != k.shape[1]:
+        problems.append(f"q must be [M, H, D] and k [N, D]; got {tuple(q.shape)} and {tuple(k.shape)}")
+    elif weights.shape != q.shape[:2]:
+        problems.append(f"weights must be [M, H] = {tuple(q.shape[:2])}; got {tuple(weights.shape)}")
+    if k_scale.numel() != k.shape[0]:
+        problems.append(f"k_scale must hold N = {k.shape[0]} scales; got {tuple(k_scale.shape)}")
+    if ks.shape != (q.shape[0],) or ke.shape != (q.shape[0],):
+        problems.append(f"ks/ke must be [M]; got {tuple(ks.shape)}, {tuple(ke.shape)}")
+    if topk < 1:
+        problems.append(f"topk must be >= 1; got {topk}")
+    if positions not in ("relative", "absolute"):
+        problems.append(f"positions must be 'relative' or 'absolute'; got {positions!r}")
+    if problems:
+        raise ValueError("fp8_mqa_topk_triton: " + "; ".join(problems))
+
+
+def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                        ks: torch.Tensor, ke: torch.Tensor, topk: int, *, positions: str = "relative",
+                        return_values: bool = False, workspace_bytes: int = 256 << 20,
+                        select: Select | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The positions (int32 [M, topk]) of the ``topk`` largest logits in each row's window
+    [max(ks, 0), min(ke, N)), ascending, -1 padded; with ``return_values`` also their fp32 values
+    (-inf padding). ``positions``: "relative" (n - lo) or "absolute" (n). Ties go to the smaller
+    position. Inputs as for ``fp8_mqa_logits`` (DESIGN.md). ``select`` is any exact top-k per row
+    over a logits matrix with :func:`select_topk_torch`'s contract (the default). Every temporary
+    fits ``workspace_bytes`` (module docstring, *Memory*). Needs one host sync per row chunk.
+    """
+    _check(q, k, k_scale, weights, ks, ke, topk, positions)
+    sel: Select = select or select_topk_torch
+    tun = _TUNING
+    interpret = bool(triton.knobs.runtime.interpret)
+    m, h, d = q.shape
+    n = k.shape[0]
+    dev = q.device
+    index = q.get_device()
+    arch, programs = _device_facts(index)
+    if arch == "cpu" and not interpret:
+        raise RuntimeError(f"fp8_mqa_topk_triton got tensors on {dev}: CPU tensors run only under the "
+                           "Triton interpreter (set TRITON_INTERPRET=1)")
+    ws = Workspace(dev, poison=tun.poison)
+    out = torch.empty((m, topk), dtype=torch.int32, device=dev)
+    vals = torch.empty((m, topk), dtype=torch.float32, device=dev) if return_values else None
+    if tun.poison:
+        out.fill_(-7)
+        if vals is not None:
+            vals.fill_(float("nan"))
+    if m == 0:
+        return out, vals
+
+    # Operands in the kernel's format (each touched only where needed; copies are workspace).
+    k_scale = k_scale.reshape(-1)
+    convert_q, convert_k = conversions(arch, q.dtype, k.dtype)
+    if convert_q:
+        q, weights = e4m3fn_to_e4m3fnuz(q, weights)
+        ws.adopt(q), ws.adopt(weights)
+    if convert_k:
+        k, k_scale = e4m3fn_to_e4m3fnuz(k, k_scale)
+        ws.adopt(k), ws.adopt(k_scale)
+    if q.stride(2) != 1:
+        q = ws.adopt(q.contiguous())
+    if k.stride(1) != 1:
+        k = ws.adopt(k.contiguous())
+    if k_scale.dtype != torch.float32:
+        k_scale = ws.adopt(k_scale.float())
+    if weights.dtype != torch.float32 or weights.stride(1) != 1:
+        weights = ws.adopt(weights.float().contiguous())
+    budget = workspace_bytes - ws.live
+    cfg = tun.config or default_config(arch, h)
+    tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
+    lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index)
+
+    # Windows on the host (one sync): widths decide each row's path.
+    ks_h = ks.to("cpu", torch.int64)
+    ke_h = ke.to("cpu", torch.int64)
+    lo_h = ks_h.clamp(min=0, max=n)
+    hi_h = torch.maximum(ke_h.clamp(max=n), lo_h)
+    w_h = hi_h - lo_h
+    w_max = int(w_h.max())
+    p = plan(m, n, h, d, topk, w_max, budget, tun)
+    if p["rows"] < 1:
+        raise ValueError(f"fp8_mqa_topk_triton: workspace_bytes={workspace_bytes} cannot hold one row "
+                         f"({p['row_bytes']} bytes; topk={topk}, N={n})")
+    s, r, cap = p["stride"], p["rank"], p["capacity"]
+    cols = torch.arange(topk, dtype=torch.int32, device=dev)
+    ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
+                           "dense_rows": 0, "chunks": 0}
+    for m0 in range(0, m, p["rows"]):
+        m1 = min(m, m0 + p["rows"])
+        ctx["chunks"] += 1
+        _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], lo_h[m0:m1], hi_h[m0:m1], topk, s, r, cap,
+               positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], budget, cols, ctx)
+    if tun.report is not None:
+        tun.report(ws, ctx)
+    return out, vals
+
+
+def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+           w: torch.Tensor, lo_h: torch.Tensor, hi_h: torch.Tensor, topk: int, s: int, r: int, cap: int,
+           positions: str, return_values: bool, out: torch.Tensor, vals: torch.Tensor | None, budget: int,
+           cols: torch.Tensor, ctx: dict[str, Any]) -> None:
+    dev = q.device
+    mc = q.shape[0]
+    n = k.shape[0]
+    w_h = hi_h - lo_h
+    small = w_h <= topk  # all of the window
+    sampled = (w_h > cap) & (s > 0)
+    dense = ~small & ~sampled
+    scored = sampled | dense | (small & return_values)
+
+    # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
+    #    here; the others are overwritten below.
+    with ws.scratch(8 * mc * topk):
+        rel = cols[None, :]
+        w_d = w_h.to(device=dev, dtype=torch.int32)[:, None]
+        start = 0 if positions == "relative" else lo_h.to(device=dev, dtype=torch.int32)[:, None]
+        out.copy_(torch.where(rel < w_d, rel + start, -1))
+        del rel, w_d, start
+    if not bool(scored.any()):
+        return
+
+    # 2. Thresholds: -inf (dense) unless sampled.
+    tau = ws.empty(mc, dtype=torch.float32)
+    tau.fill_(float("-inf"))
+    if bool(sampled.any()):
+        ks_s = torch.where(sampled, -(-lo_h // s), 0).to(torch.int32)
+        ke_s = torch.where(sampled, -(-hi_h // s), 0).to(torch.int32)
+        sample = ws.adopt(fp8_mqa_logits_triton(q, k[::s], k_scale[::s], w, ks_s.to(dev), ke_s.to(dev), True,
+                                                config=lp.cfg))
+        nan = ws.adopt(torch.isnan(sample))
+        sample.masked_fill_(nan, float("-inf"))
+        del nan
+        with ws.scratch(_sort_bytes(r, 4) + _sort_bytes(sample.shape[1], 4) // 8):
+            th = torch.topk(sample, r, dim=1, sorted=False).values.amin(dim=1)
+        del sample
+        tau.copy_(torch.where(sampled.to(dev), th, float("-inf")))
+        del th
+
+    # 3. The filter kernel: candidates of every scored row.
+    kks = ws.adopt(torch.where(scored, lo_h, 0).to(device=dev, dtype=torch.int32))
+    kke = ws.adopt(torch.where(scored, hi_h, 0).to(device=dev, dtype=torch.int32))
+    cnt = ws.empty(mc, dtype=torch.int32)
+    cnt.zero_()
+    pos = ws.empty(mc, cap, dtype=torch.int32)
+    val = ws.empty(mc, cap, dtype=torch.float32)
+    _launch_filter(lp, q, k, k_scale, w, kks, kke, tau, cnt, pos, val, cap)
+
+    # One sync: the counts decide which rows the sample misjudged.
+    count = torch.where(sampled, cnt.cpu().to(torch.int64), torch.where(scored, w_h, 0))
+    bad = sampled & ((count < topk) | (count > cap))
+    good = scored & ~bad
+    ctx["fallback_rows"] += int(bad.sum())
+    ctx["undercount_rows"] += int((sampled & (count < topk)).sum())
+    ctx["overflow_rows"] += int((sampled & (count > cap)).sum())
+    ctx["sampled_rows"] += int(sampled.sum())
+    ctx["dense_rows"] += int(dense.sum())
+    filled = count.clamp(max=cap)
+
+    # 4. Exact selection over the candidates, in position order.
+    if bool(good.any()):
+        nvalid = torch.where(good, filled, 0).to(dev)
+        unused = ws.adopt(torch.arange(cap, device=dev)[None, :] >= nvalid[:, None])
+        pos.masked_fill_(unused, 2**31 - 1)
+        del unused
+        if bool((good & sampled).any()):  # dense rows are in position order already
+            with ws.scratch(_sort_bytes(mc * cap, 4) - mc * cap * 12):
+                spos, order = torch.sort(pos, dim=1)
+            ws.adopt(spos), ws.adopt(order)
+            sval = ws.adopt(val.gather(1, order))
+            del order, pos, val
+            pos, val = spos, sval
+            del spos, sval
+        idx = ws.empty(mc, topk, dtype=torch.int32)
+        v = ws.empty(mc, topk, dtype=torch.float32) if return_values else None
+        with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
+            sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
+        del val
+        got = pos.gather(1, idx.clamp(min=0).long())
+        del pos
+        lo_d = lo_h.to(dev)
+        got = torch.where(idx >= 0, got - (lo_d[:, None] if positions == "relative" else 0), -1).to(torch.int32)
+        g = good.to(dev)[:, None]
+        out.copy_(torch.where(g, got, out))
+        if vals is not None and v is not None:
+            vals.copy_(torch.where(g, v, vals))
+        del got, idx, v
+    else:
+        del pos, val
+
+    # 5. Rescoring of misjudged rows, dense, in key pieces merged with the best so far.
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()
+        _rescore(lp, ws, sel, q, k, k_scale, w, rows, lo_h, hi_h, topk, positions, out, vals, budget - ws.live)
+    del n
+
+
+def _rescore(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+             w: torch.Tensor, rows: torch.Tensor, lo_h: torch.Tensor, hi_h: torch.Tensor, topk: int,
+             positions: str, out: torch.Tensor, vals: torch.Tensor | None, budget: int) -> None:
+    dev = q.device
+    h, d = q.shape[1], q.shape[2]
+    w_all = hi_h - lo_h
+    piece, per = _rescore_plan(rows.numel(), int(w_all[rows].max()), topk, h, d, budget)
+    width = topk + piece
+    for i in range(0, rows.numel(), per):
+        rr = rows[i:i + per]
+        rd = rr.to(dev)
+        nr = rr.numel()
+        qr = ws.adopt(q.index_select(0, rd))
+        wr = ws.adopt(w.index_select(0, rd))
+        lo, hi = lo_h[rr], hi_h[rr]
+        mval = ws.empty(nr, width, dtype=torch.float32)
+        mpos = ws.empty(nr, width, dtype=torch.int32)
+        tau = ws.empty(nr, dtype=torch.float32)
+        tau.fill_(float("-inf"))
+        cnt = ws.empty(nr, dtype=torch.int32)
+        held = torch.zeros(nr, dtype=torch.int64)  # valid entries of the best-so-far, right-aligned
+        idx = ws.empty(nr, topk, dtype=torch.int32)
+        v = ws.empty(nr, topk, dtype=torch.float32)
+        got = None
+        npieces = int(-(-(hi - lo).max() // piece))
+        for j in range(npieces):
+            plo = torch.minimum(lo + j * piece, hi)
+            phi = torch.minimum(plo + piece, hi)
+            pw = phi - plo
+            kks = ws.adopt(plo.to(device=dev, dtype=torch.int32))
+            kke = ws.adopt(phi.to(device=dev, dtype=torch.int32))
+            _launch_filter(lp, qr, k, k_scale, wr, kks, kke, tau, cnt, mpos[:, topk:], mval[:, topk:], piece)
+            wlo = (topk - held).to(dev)
+            whi = (topk + pw).to(dev)
+            with ws.scratch(SELECT_BYTES_PER_CELL * nr * width):
+                sel(mval, wlo, whi, topk, positions="relative", out=idx, values=v)
+            got = mpos.gather(1, (idx.long() + wlo[:, None]).clamp(max=width - 1))
+            got = torch.where(idx >= 0, got, -1)
+            held = torch.clamp(held + pw, max=topk)
+            # The best so far, right-aligned in columns [topk - held, topk): valid ones first in idx.
+            hd = held.to(dev)
+            src = torch.arange(topk, device=dev)[None, :] - (topk - hd)[:, None]
+            ok = src >= 0
+            srcc = src.clamp(min=0)
+            mpos[:, :topk] = torch.where(ok, got.gather(1, srcc), -1)
+            mval[:, :topk] = torch.where(ok, v.gather(1, srcc), float("-inf"))
+            del kks, kke
+        assert got is not None
+        lo_d = lo.to(dev)
+        res = torch.where(got >= 0, got - (lo_d[:, None] if positions == "relative" else 0), -1).to(torch.int32)
+        out[rd] = res
+        if vals is not None:
+            vals[rd] = torch.where(got >= 0, v, float("-inf"))
+        del qr, wr, mval, mpos, got, res
+
+
+# ---- ahead-of-time builds (as mqa_provider_gluon.aot does for the logits kernel) ----------------
+
+_AOT_ALIGNED = ("q_ptr", "k_ptr", "kscale_ptr", "w_ptr", "ks_ptr", "ke_ptr", "tau_ptr", "cnt_ptr", "pos_ptr",
+                "val_ptr", "stride_qm", "stride_qh", "stride_kn", "stride_wm", "stride_cm")
+
+
+def compile_filter_for(target: str, *, h: int = 64, d: int = 128, config: TritonConfig | None = None
+                       ) -> dict[str, Any]:
+    """Build the filter kernel for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, with
+    the fp8 flavour the launcher hands it there (e4m3fnuz on gfx942); returns the asm dict plus
+    ``"metadata"``, for ``aot.sass_facts`` / ``aot.mfma_formats`` / ``aot.amd_facts``."""
+    import inspect
+
+    from triton.compiler import ASTSource
+
+    from .. import aot
+    from ..fp8 import wants_fnuz
+
+    tgt = aot._target(target)
+    arch = target if target in aot.TARGETS else next(k for k, v in aot.TARGETS.items() if v == tgt)
+    cfg = config or default_config(arch, h)
+    fp8 = aot.TRITON_FP8["float8_e4m3fnuz" if wants_fnuz(arch) else "float8_e4m3fn"]
+    fn = filter_kernel(interpret=False)
+    tma = cfg.tma and tgt.backend == "cuda"
+    consts: dict[str, Any] = {"stride_kscale": 1, **filter_constexprs(cfg, h, d, tma=tma)}
+    if not tma:
+        consts["k_desc"] = None
+    types = {"q_ptr": f"*{fp8}", "k_ptr": f"*{fp8}", "k_desc": f"tensordesc<{fp8}[{cfg.block_n},{_d_pad(d)}]>",
+             "kscale_ptr": "*fp32", "w_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "tau_ptr": "*fp32",
+             "cnt_ptr": "*i32", "pos_ptr": "*i32", "val_ptr": "*fp32"}
+    for p in fn.params:
+        if p.is_constexpr and p.name not in consts and p.default is not inspect.Parameter.empty:
+            consts[p.name] = p.default
+    signature = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in _AOT_ALIGNED}
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    compiled = triton.compile(src, target=tgt, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    asm = dict(compiled.asm)
+    asm["metadata"] = compiled.metadata
+    return asm

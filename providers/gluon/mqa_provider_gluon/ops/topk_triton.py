@@ -1,0 +1,372 @@
+"""Exact, deterministic per-row top-k over given logits in portable Triton (sm_90, gfx942, gfx950).
+
+Selection rule (DESIGN.md, the indexer step): row m keeps the ``topk`` largest logits of its window
+``[lo, hi) = [max(ks[m], 0), min(ke[m], N))``; ties go to the smaller position; positions come out
+ascending, -1 (value -inf) past the window's size. Floats compare through an order-preserving
+uint32 key: -0.0 is made +0.0 first, -inf is an ordinary value, NaN maps to key 0 (below -inf).
+
+Algorithm, per row (one program owns whole rows; a fixed grid of ``min(M, max_programs)`` programs
+strides over the rows, so a row's result depends on nothing but its own data and window):
+
+1. **Threshold guess from a sample** (windows longer than the candidate capacity ``CAP``): ``SAMPLE``
+   keys in groups of 8 contiguous ones spread evenly over the window; two 8-bit radix-histogram passes
+   over the sample (in registers) give a 16-bit key prefix ``t_lo`` that about ``CAP / 2`` of the
+   window's keys reach (``SAMPLE`` is chosen so that this is >= 64 sample keys).
+2. **Filter** (one read of the window): keys >= ``t_lo`` are compacted, in position order
+   (``tl.cumsum`` in a block plus a running offset), into this program's workspace: ``CAP``
+   positions and ``CAP`` values. If the count lands in ``[K, CAP]`` (K = min(topk, window)) the
+   candidates hold every key >= the K-th largest key, so the rest runs on them alone. Otherwise the
+   guess was wrong (tie-heavy or adversarial rows) and the rest runs on the whole window: slower,
+   just as exact.
+3. **Radix select** over the source (candidates or window): four 8-bit histogram passes
+   (``tl.histogram``, masked to the prefix found so far) give the K-th largest key ``T`` and
+   ``need``, how many keys equal to ``T`` to take.
+4. **Ordered compaction** (one pass over the source): keys > T, and the first ``need`` keys == T, are
+   written at their rank in position order (one packed cumsum of (gt, eq) per block), so the output is
+   ascending without a sort. Then -1 / -inf fill ``[K, topk)``.
+
+Predicted cost per row of window W and element size E (4 fp32, 2 bf16), CAP = 4*topk rounded up to a
+power of two (>= 2048), when the guess holds (random-like rows always; tie-heavy rows fall back):
+- HBM/L2 reads: ``W*E`` (filter) + ``SAMPLE*E`` (sample, whole 32-byte sectors) + ``5 * c * (E+4)``
+  (radix passes and compaction over ``c ~ CAP/2`` candidates, L2-resident in the workspace);
+- writes: ``c * (E+4)`` (workspace) + ``topk * 4`` (+ ``topk * 4`` with values).
+  Prefill (W=128k, fp32, topk 2048): 512 KiB + 8 KiB + ~200 KiB (L2) per row, so HBM-bound near one
+  read of the logits; the radix passes cost about ``2.5`` warp instructions per histogrammed element
+  (Triton's ballot histogram) on ``4c + 2*SAMPLE`` elements.
+- Fallback: ``5 * W * E`` read (4 radix passes + compaction over the window) plus the filter's read.
+
+Workspace: ``programs * CAP * (4 + E)`` bytes (see :func:`workspace_bytes`), none when N <= CAP.
+No atomics; no host sync; the grid depends only on (M, N, topk) and the launch knobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from .mqa_logits_triton import _interpreting, _on_device
+
+__all__ = ["TopkConfig", "TopkPlan", "compile_for", "kernel", "plan", "topk_per_row_triton", "workspace_bytes"]
+
+_TAIL = 1024  # elements per store when filling [K, topk) with -1
+
+
+@dataclasses.dataclass(frozen=True)
+class TopkConfig:
+    """Launch knobs. None of them changes the result, only the speed (and the workspace size)."""
+
+    #: Elements per streamed block: 2048 with 8 warps keeps sm_90 at 128 registers (4096: 255).
+    block: int = 2048
+    num_warps: int = 8
+    #: Programs in the grid at most; each strides over rows ``pid, pid + P, ...`` with its own workspace.
+    max_programs: int = 512
+
+    def __post_init__(self) -> None:
+        for k in ("block", "num_warps", "max_programs"):
+            v = getattr(self, k)
+            if v < 1 or (k != "max_programs" and v & (v - 1)):
+                raise ValueError(f"TopkConfig.{k} must be a positive power of two, got {v}")
+        if not 256 <= self.block <= 32768:  # the compaction packs two block counts in an int32
+            raise ValueError(f"TopkConfig.block must be in [256, 32768], got {self.block}")
+
+
+_DEFAULT = TopkConfig()
+
+
+class TopkPlan(tuple[int, int, int]):
+    """(programs, CAP, SAMPLE) for a call shape; see :func:`plan`."""
+
+    __slots__ = ()
+
+    @property
+    def programs(self) -> int:
+        return self[0]
+
+    @property
+    def cap(self) -> int:
+        return self[1]
+
+    @property
+    def sample(self) -> int:
+        return self[2]
+
+
+def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
+    """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size.
+
+    CAP = 4*topk rounded up to a power of two (>= 2048): the threshold guess aims at CAP/2
+    candidates, so a sample estimate off by 2x either way still fits. SAMPLE (a power of two,
+    256..min(8192, CAP)) puts >= 64 sample keys above the guess for windows up to N."""
+    cap = max(2048, triton.next_power_of_2(4 * max(topk, 1)))
+    sample = max(256, min(8192, cap, triton.next_power_of_2(-(-128 * max(n, 1) // cap))))
+    return TopkPlan((max(1, min(m, config.max_programs)), cap, sample))
+
+
+def workspace_bytes(m: int, n: int, topk: int, dtype: torch.dtype = torch.float32,
+                    config: TopkConfig = _DEFAULT) -> int:
+    """Bytes of the workspace a call of shape ``(M, N, topk)`` over ``dtype`` logits uses (allocated
+    inside the call unless passed as ``workspace``): 0 when N <= CAP (no window needs a filter),
+    else ``programs * CAP * (4 + itemsize)``."""
+    p = plan(m, n, topk, config)
+    if m == 0 or n <= p.cap:
+        return 0
+    return p.programs * p.cap * (4 + torch.empty((), dtype=dtype).element_size())
+
+
+# ---- the kernel --------------------------------------------------------------------------------
+
+def _keys(x):
+    """Order-preserving uint32 keys of ``x`` (any float type): -0.0 == +0.0, NaN -> 0 (lowest)."""
+    x = x.to(tl.float32)
+    x = tl.where(x == 0.0, 0.0, x)
+    b = x.to(tl.int32, bitcast=True)
+    sign = (b >> 31).to(tl.uint32, bitcast=True)  # all ones for negatives, else 0
+    k = b.to(tl.uint32, bitcast=True) ^ (sign | 0x80000000)
+    return tl.where(x != x, k ^ k, k)
+
+
+def _pick(hist, krem):
+    """The bin holding the ``krem``-th largest element of a 256-bin histogram, and how many lie in
+    higher bins. Needs 1 <= krem <= sum(hist)."""
+    incl = tl.cumsum(hist, 0)
+    ge = tl.sum(hist, 0) - incl + hist  # elements in this bin or above
+    b = tl.sum((ge >= krem).to(tl.int32), 0) - 1
+    above = tl.sum(tl.where(tl.arange(0, 256) == b, ge - hist, 0), 0)
+    return b, above
+
+
+def _topk_kernel(
+    x_ptr, ks_ptr, ke_ptr, out_ptr, val_ptr, wpos_ptr, wval_ptr,
+    M, N, stride_xm, stride_om, stride_vm, topk,
+    CAP: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_b = tl.arange(0, BLOCK)
+    wpos = wpos_ptr + tl.cast(pid, tl.int64) * CAP
+    wval = wval_ptr + tl.cast(pid, tl.int64) * CAP
+    for m in range(pid, M, nprog):
+        lo = tl.maximum(tl.load(ks_ptr + m), 0)
+        hi = tl.minimum(tl.load(ke_ptr + m), N)
+        w = tl.maximum(hi - lo, 0)
+        kk = tl.minimum(w, topk)
+        m64 = tl.cast(m, tl.int64)
+        row = x_ptr + m64 * stride_xm + lo  # the window's first element
+        out_row = out_ptr + m64 * stride_om
+        val_row = val_ptr + m64 * stride_vm
+
+        # ---- 1-2: threshold guess from a sample, candidates compacted into the workspace
+        use_ws = w < 0
+        n_src = w
+        if w > CAP:
+            G: tl.constexpr = SAMPLE // 8
+            offs_s = tl.arange(0, SAMPLE)
+            grp = (offs_s // 8).to(tl.int64)
+            at = (grp * (w - 8)) // (G - 1) + offs_s % 8  # groups of 8 spread over [0, w)
+            sk = _keys(tl.load(row + at))
+            r = tl.minimum(tl.maximum((CAP // 2 * SAMPLE) // w, 1), SAMPLE)
+            b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r)
+            in1 = (sk >> 24).to(tl.int32) == b1
+            b2, _ = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
+            t_lo = (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16)
+
+            cnt = 0
+            i0 = 0
+            while (i0 < w) & (cnt <= CAP):
+                offs = i0 + offs_b
+                ok = offs < w
+                v = tl.load(row + offs, mask=ok, other=0.0)
+                cand = ok & (_keys(v) >= t_lo)
+                slot = cnt + tl.cumsum(cand.to(tl.int32), 0) - 1
+                put = cand & (slot < CAP)
+                tl.store(wpos + slot, lo + offs, mask=put)
+                tl.store(wval + slot, v, mask=put)
+                cnt += tl.sum(cand.to(tl.int32), 0)
+                i0 += BLOCK
+            use_ws = (cnt >= kk) & (cnt <= CAP)
+            n_src = tl.where(use_ws, cnt, w)
+        src = row
+        if use_ws:
+            src = wval
+
+        if kk > 0:
+            # ---- 3: radix select of the kk-th largest key over the source, 8 bits a pass
+            prefix = (kk * 0).to(tl.uint32)
+            krem = kk
+            for SHIFT in tl.static_range(24, -1, -8):
+                hist = tl.zeros([256], dtype=tl.int32)
+                for i in range(0, n_src, BLOCK):
+                    offs = i + offs_b
+                    ok = offs < n_src
+                    k = _keys(tl.load(src + offs, mask=ok, other=0.0))
+                    if SHIFT < 24:
+                        ok = ok & ((k >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+                    hist += tl.histogram(((k >> SHIFT) & 0xFF).to(tl.int32), 256, mask=ok)
+                b, above = _pick(hist, krem)
+                krem -= above
+                prefix = prefix | (b.to(tl.uint32) << SHIFT)
+
+            # ---- 4: keys > T, then the first `need` keys == T, at their rank in position order
+            need = krem
+            eq_run = 0
+            out_run = 0
+            for i in range(0, n_src, BLOCK):
+                offs = i + offs_b
+                ok = offs < n_src
+                v = tl.load(src + offs, mask=ok, other=0.0)
+                k = _keys(v)
+                gt = ok & (k > prefix)
+                eq = ok & (k == prefix)
+                c = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), 0)
+                eq_incl = eq_run + (c >> 16)
+                take = gt | (eq & (eq_incl <= need))
+                slot = out_run + (c & 0xFFFF) + tl.minimum(eq_incl, need) - tl.minimum(eq_run, need) - 1
+                if use_ws:
+                    pos = tl.load(wpos + offs, mask=take, other=0)
+                else:
+                    pos = lo + offs
+                if not ABSOLUTE:
+                    pos = pos - lo
+                tl.store(out_row + slot, pos, mask=take)
+                if VALUES:
+                    tl.store(val_row + slot, v.to(tl.float32), mask=take)
+                out_run += tl.sum(take.to(tl.int32), 0)
+                eq_run += tl.sum(eq.to(tl.int32), 0)
+
+        # ---- the tail [kk, topk): -1 and -inf
+        offs_t = tl.arange(0, TAIL)
+        for j in range(kk, topk, TAIL):
+            offs = j + offs_t
+            ok = offs < topk
+            tl.store(out_row + offs, tl.full([TAIL], -1, tl.int32), mask=ok)
+            if VALUES:
+                tl.store(val_row + offs, tl.full([TAIL], float("-inf"), tl.float32), mask=ok)
+
+
+@functools.lru_cache(maxsize=2)
+def _jitted(interpret: bool) -> tuple[Any, Any]:
+    """(kernel, helpers) jitted for one mode; see ``mqa_logits_triton._jitted`` for why not at import."""
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = interpret
+        helpers = {f.__name__: triton.jit(f) for f in (_keys, _pick)}
+        fn = _topk_kernel
+        glb = dict(fn.__globals__)
+        glb.update(helpers)  # the kernel calls the helpers jitted for the same mode
+        rebound = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+        rebound.__module__ = fn.__module__
+        rebound.__qualname__ = fn.__qualname__
+        return triton.jit(rebound, do_not_specialize=["M", "N", "topk"]), helpers
+
+
+def kernel(interpret: bool | None = None) -> Any:
+    """The jitted kernel for ``interpret`` (default: what TRITON_INTERPRET says now)."""
+    return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)[0]
+
+
+# ---- the launcher ------------------------------------------------------------------------------
+
+def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
+                        positions: str = "relative", out: torch.Tensor | None = None,
+                        values: torch.Tensor | None = None, workspace: torch.Tensor | None = None,
+                        config: TopkConfig | None = None) -> torch.Tensor:
+    """Positions of the ``topk`` largest logits of each row's window, ascending; returns ``out``.
+
+    :param logits: [M, N] float32 or bfloat16, unit last stride, any row stride.
+    :param ks: int32 [M], window starts (clamped to >= 0).
+    :param ke: int32 [M], window ends (clamped to <= N); an empty window yields only -1.
+    :param topk: >= 1; may exceed the window or N (the tail is -1 / -inf).
+    :param positions: ``"relative"`` (n - lo) or ``"absolute"`` (n).
+    :param out: int32 [M, topk] with unit last stride, written in full; allocated when None.
+    :param values: optional float32 [M, topk], unit last stride: the selected logits as fp32.
+    :param workspace: optional uint8 tensor of >= :func:`workspace_bytes` bytes on the same device;
+        allocated per call when None and needed (its size depends only on the shape, so CUDA-graph
+        capture is fine either way).
+    :param config: launch knobs (:class:`TopkConfig`); the result does not depend on them.
+    """
+    if logits.dim() != 2 or logits.dtype not in (torch.float32, torch.bfloat16) or (
+            logits.shape[1] > 1 and logits.stride(1) != 1):
+        raise ValueError(f"topk_per_row_triton: logits must be 2-D float32/bfloat16 with unit last stride; "
+                         f"got {tuple(logits.shape)} {logits.dtype} strides {logits.stride()}")
+    m, n = logits.shape
+    if topk < 1:
+        raise ValueError(f"topk_per_row_triton: topk must be >= 1, got {topk}")
+    if positions not in ("relative", "absolute"):
+        raise ValueError(f"topk_per_row_triton: positions must be 'relative' or 'absolute', got {positions!r}")
+    for name, t in (("ks", ks), ("ke", ke)):
+        if t.dtype != torch.int32 or t.shape != (m,) or t.device != logits.device:
+            raise ValueError(f"topk_per_row_triton: {name} must be int32 [{m}] on {logits.device}; got "
+                             f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    if out is None:
+        out = torch.empty((m, topk), dtype=torch.int32, device=logits.device)
+    _check_out("out", out, torch.int32, m, topk, logits.device)
+    if values is not None:
+        _check_out("values", values, torch.float32, m, topk, logits.device)
+    if m == 0:
+        return out
+    cfg = config or _DEFAULT
+    p = plan(m, n, topk, cfg)
+    need = workspace_bytes(m, n, topk, logits.dtype, cfg)
+    wpos: torch.Tensor = out
+    wval: torch.Tensor = logits
+    if need:
+        if workspace is None:
+            workspace = torch.empty(need, dtype=torch.uint8, device=logits.device)
+        elif workspace.numel() * workspace.element_size() < need or workspace.device != logits.device:
+            raise ValueError(f"topk_per_row_triton: workspace needs {need} bytes on {logits.device}; got "
+                             f"{workspace.numel() * workspace.element_size()} on {workspace.device}")
+        flat = workspace.view(torch.uint8).view(-1)
+        split = p.programs * p.cap * 4
+        wpos = flat[:split].view(torch.int32)
+        wval = flat[split:need].view(logits.dtype)
+    interpret = bool(triton.knobs.runtime.interpret)
+    if logits.device.type == "cpu" and not interpret:
+        raise RuntimeError("topk_per_row_triton got CPU tensors: they run only under the Triton interpreter "
+                           "(set TRITON_INTERPRET=1)")
+    with _interpreting() if interpret else _on_device(logits.get_device()):
+        kernel(interpret)[(p.programs,)](
+            logits, ks, ke, out, values if values is not None else out, wpos, wval,
+            m, n, logits.stride(0), out.stride(0), values.stride(0) if values is not None else 0, topk,
+            CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
+            VALUES=values is not None, num_warps=cfg.num_warps,
+        )
+    return out
+
+
+def _check_out(name: str, t: torch.Tensor, dtype: torch.dtype, m: int, topk: int, device: torch.device) -> None:
+    if t.dtype != dtype or t.shape != (m, topk) or t.device != device or (topk > 1 and t.stride(1) != 1):
+        raise ValueError(f"topk_per_row_triton: {name} must be {dtype} [{m}, {topk}] with unit last stride on "
+                         f"{device}; got {t.dtype} {tuple(t.shape)} strides {t.stride()} on {t.device}")
+
+
+def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131072, topk: int = 2048,
+                values: bool = True, absolute: bool = False, config: TopkConfig | None = None) -> dict[str, Any]:
+    """Build the kernel ahead of time for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``, see
+    ``mqa_provider_gluon.aot.TARGETS``) as a call of that shape would launch it; returns the asm dict
+    with the compiled metadata under ``"metadata"``."""
+    from triton.compiler import ASTSource
+
+    from ..aot import TARGETS
+
+    cfg = config or _DEFAULT
+    p = plan(1, n, topk, cfg)
+    fn = kernel(interpret=False)
+    elem = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    consts = {"CAP": p.cap, "SAMPLE": p.sample, "BLOCK": cfg.block, "TAIL": _TAIL, "ABSOLUTE": absolute,
+              "VALUES": values}
+    types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "val_ptr": "*fp32"}
+    signature = {a: ("constexpr" if a in consts else types_.get(a, "*i32" if a.endswith("_ptr") else "i32"))
+                 for a in fn.arg_names}
+    aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
+                              target=TARGETS[target], options={"num_warps": cfg.num_warps})
+    asm = dict(compiled.asm)
+    asm["metadata"] = compiled.metadata
+    return asm
