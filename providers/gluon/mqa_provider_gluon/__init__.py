@@ -15,6 +15,11 @@ from mqa_core import Problem, ProviderSpec, hookimpl
 #: Archs whose paths are compiled in CI (AOT for AMD and NVIDIA) and, for sm_90, run on an H200.
 ARCHS = ("sm_90", "sm_100", "gfx942", "gfx950", "cpu")
 HEADS = (16, 32, 64, 128)
+#: Both providers serve the logits ops and the indexer step: the fused Triton top-k for prefill, the
+#: paged logits then the Triton radix select for decode, and that select alone (``topk_per_row``).
+#: Their claims (deterministic, batch-invariant): no atomics decide a value or an order, and no
+#: launch parameter that depends on the batch changes a logit's arithmetic (the kit certifies both).
+OPS = ("fp8_mqa_logits", "fp8_paged_mqa_logits", "fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row")
 HEAD_DIMS = (64, 128)
 FN, FNUZ = "float8_e4m3fn", "float8_e4m3fnuz"
 #: (q dtype, k dtype) pairs the kernels serve, per arch. The launcher follows this table
@@ -41,6 +46,8 @@ def check(arch: str) -> str | None:
 
 
 def shape_limits(p: Problem) -> str | None:
+    if p.h == 1 and p.d == 1:  # topk_per_row's problem: rows x columns, no heads
+        return None
     if p.h not in HEADS:
         return f"H={p.h} unsupported: the kernels are built for H in {HEADS}"
     if p.d not in HEAD_DIMS:
@@ -49,9 +56,10 @@ def shape_limits(p: Problem) -> str | None:
 
 
 def _spec(name: str, priority: int, attr: str, description: str) -> ProviderSpec:
-    return ProviderSpec(name=name, ops={"fp8_mqa_logits", "fp8_paged_mqa_logits"}, archs=ARCHS,
+    return ProviderSpec(name=name, ops=frozenset(OPS), archs=frozenset(ARCHS),
                         dtype_pairs=DTYPE_PAIRS, priority=priority, load=f"mqa_provider_gluon.kernels:{attr}",
-                        check=check, shape_limits=shape_limits, description=description)
+                        check=check, shape_limits=shape_limits, description=description,
+                        claims=frozenset({"deterministic", "batch_invariant"}))
 
 
 SPECS = (

@@ -114,5 +114,70 @@ class MqaKernels:
                               max_context_len, clean_logits, logits_dtype=logits_dtype)
 
 
+    # -- the indexer step ------------------------------------------------------------------------
+
+    def topk_per_row(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
+                     positions: str = "relative", return_values: bool = False,
+                     workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The Triton radix select (``ops.topk_triton``), rows chunked only where its per-program
+        candidate workspace would not fit ``workspace_bytes``."""
+        from .ops.topk_triton import topk_per_row_triton
+        from .ops.topk_triton import workspace_bytes as topk_workspace
+
+        m, n = logits.shape
+        out = torch.empty((m, topk), dtype=torch.int32, device=logits.device)
+        values = torch.empty((m, topk), dtype=torch.float32, device=logits.device) if return_values else None
+        rows = m
+        while rows > 1 and topk_workspace(rows, n, topk, logits.dtype) > workspace_bytes:
+            rows = (rows + 1) // 2
+        for r0 in range(0, m, max(rows, 1)):
+            r = slice(r0, min(m, r0 + rows))
+            topk_per_row_triton(logits[r], ks[r], ke[r], topk, positions=positions, out=out[r],
+                                values=None if values is None else values[r])
+        return out, values
+
+    def _select(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
+                positions: str = "relative", out: torch.Tensor | None = None,
+                values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused kernel's ``select`` (exact top-k over its candidates): the Triton radix select."""
+        from .ops.topk_triton import topk_per_row_triton
+
+        return topk_per_row_triton(logits, ks.int(), ke.int(), topk, positions=positions, out=out,
+                                   values=values), values
+
+    def fp8_mqa_topk(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                     cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, topk: int, *,
+                     positions: str = "relative", return_values: bool = False,
+                     workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused Triton kernel (``ops.mqa_topk_triton``): scoring with a per-row threshold from a
+        strided sample, candidates only, an exact selection over them; never the [M, N] matrix."""
+        from .ops.mqa_topk_triton import fp8_mqa_topk_triton
+
+        k, k_scale = kv
+        return fp8_mqa_topk_triton(q, k, k_scale.reshape(-1), weights, cu_seqlen_ks, cu_seqlen_ke, topk,
+                                   positions=positions, return_values=return_values,
+                                   workspace_bytes=workspace_bytes, select=self._select)
+
+    def fp8_paged_mqa_topk(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                           context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
+                           topk: int, *, schedule: torch.Tensor | None = None, return_values: bool = False,
+                           workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Two stages with no host sync (a decode step stays graph-capturable): this provider's paged
+        logits for a chunk of whole sequences within the workspace, then the Triton radix select."""
+        from mqa_core.composed import chunked_paged_topk
+
+        def logits(q: torch.Tensor, kv_cache: torch.Tensor, w: torch.Tensor, lens: torch.Tensor,
+                   tables: torch.Tensor, max_len: int, sched: torch.Tensor | None) -> torch.Tensor:
+            return self.fp8_paged_mqa_logits(q, kv_cache, w, lens, tables, max_len, schedule=sched)
+
+        def select(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
+                   return_values: bool, budget: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self.topk_per_row(logits, ks, ke, topk, positions=positions, return_values=return_values,
+                                     workspace_bytes=budget)
+
+        return chunked_paged_topk(logits, select, q, kv_cache, weights, context_lens, block_tables,
+                                  max_context_len, topk, schedule, return_values, workspace_bytes)
+
+
 GLUON = MqaKernels(use_gluon=True)
 TRITON = MqaKernels(use_gluon=False)
