@@ -1,0 +1,360 @@
+"""The indexer step on the H200: what engines run today against mqa-core's top-k ops, one process.
+
+    python bench/h200_indexer.py [--out DIR] [--budget SECONDS] [--fi DIR] [--only NAME,...] [--smoke]
+
+Per shape, on the same inputs, every column is checked, then timed, with its peak memory:
+
+- ``DG+torch.topk``: DeepGEMM's logits (``clean_logits=True``), then ``torch.topk`` (unsorted): the
+  pipeline of an engine without its own top-k. ``import deep_gemm`` failing only empties the column.
+- ``composed``: ``fp8_*_topk`` through the core's composed provider (the best logits kernel, then the
+  best ``topk_per_row``, in row chunks within MQA_WORKSPACE_MB).
+- ``fused``: the ``gluon`` provider's own top-k op (prefill: the fused Triton kernel that never writes
+  the [M, N] matrix; decode: its paged logits then the Triton radix select, no host sync).
+- ``logits+FI``: mqa-core's logits (gluon), then FlashInfer's ``top_k_ragged_transform`` with
+  ``deterministic=True, tie_break=1`` (smaller index wins) and ``row_starts``: the same selection rule
+  over the same scores. Needs ``--fi DIR`` (the unpacked archive of
+  ../shared/tools/flashinfer-topk-archive.sh); otherwise the column says why.
+
+Checked: each column's selection against the dense gluon logits of the same call (every selected
+logit >= every unselected in-window logit, within 1e-5 of the row's largest magnitude), and the
+mqa-core columns also exactly (same positions) against each other where their logits kernels agree.
+Timed: prefill by CUDA events around whole calls (the fused path syncs once per row chunk), median of
+``--reps``; decode by CUDA-graph replay (``mqa_core.bench.timing.graph_time``). ``x DG`` is the
+DeepGEMM column's time over the column's (> 1: faster). Peak: ``torch.cuda.max_memory_allocated``
+during one call, beyond the inputs and the call's output (MiB). Inputs: ``rand`` (random fp8, the
+untrained case) and ``peak`` (a few dominant keys and a recency ramp in k_scale, as trained indexers
+give). Prints one JSON line per row as it goes and a short table last; ``--out`` keeps both.
+``--smoke`` runs every column that can run on the CPU at tiny sizes (torch_ref, composed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    kind: str  # prefill | packed | decode
+    m: int  # prefill rows, or decode batch
+    n: int  # keys, or context length
+    topk: int
+    next_n: int = 1
+    h: int = 64
+    d: int = 128
+
+
+SHAPES = (
+    Shape("prefill 4k x 128k", "prefill", 4096, 131072, 2048),
+    Shape("prefill 4k x 128k k512", "prefill", 4096, 131072, 512),
+    Shape("prefill 1k x 1M", "prefill", 1024, 1 << 20, 2048),
+    Shape("packed 8 x 2k", "packed", 8, 2048, 2048),
+    Shape("decode B64 64k n1", "decode", 64, 65536, 2048, 1),
+    Shape("decode B64 64k n2", "decode", 64, 65536, 2048, 2),
+    Shape("decode B64 64k k512", "decode", 64, 65536, 512, 1),
+    Shape("decode B1 128k", "decode", 1, 131072, 2048, 1),
+    Shape("decode B8 128k", "decode", 8, 131072, 2048, 1),
+)
+SMOKE = (
+    Shape("prefill 40 x 600", "prefill", 40, 600, 64, h=16, d=64),
+    Shape("packed 3 x 50", "packed", 3, 50, 64, h=16, d=64),
+    Shape("decode B3 300", "decode", 3, 300, 32, 2, h=16, d=64),
+)
+KINDS = ("rand", "peak")
+
+
+def prefill_inputs(s: Shape, kind: str, device: torch.device) -> tuple[Any, ...]:
+    """(q, (k, k_scale), w, ks, ke): the last M of N tokens each seeing its prefix; ``packed``: m
+    requests of n tokens each, causal inside each."""
+    g = torch.Generator(device=device).manual_seed(1)
+    rows, keys = (s.m * s.n, s.m * s.n) if s.kind == "packed" else (s.m, s.n)
+    q = (torch.randn(rows, s.h, s.d, device=device, generator=g) * 1.5).to(torch.float8_e4m3fn)
+    k = (torch.randn(keys, s.d, device=device, generator=g) * 1.5).to(torch.float8_e4m3fn)
+    scale = torch.rand(keys, device=device, generator=g) * 0.9 + 0.1
+    if kind == "peak":
+        scale = scale * torch.exp(torch.randn(keys, device=device, generator=g) * 1.5)
+        scale = scale * (1 + 3 * torch.arange(keys, device=device) / keys)
+    w = torch.randn(rows, s.h, device=device, generator=g) * s.h ** -0.5
+    r = torch.arange(rows, device=device)
+    if s.kind == "packed":
+        ks = (r // s.n) * s.n
+        ke = r + 1
+    else:
+        ks = torch.zeros_like(r)
+        ke = r + (s.n - s.m) + 1
+    return q, (k, scale.float()), w.float(), ks.int(), ke.int()
+
+
+def decode_inputs(s: Shape, kind: str, device: torch.device) -> tuple[Any, ...]:
+    """(q, kv_cache, w, context_lens, block_tables, max_context_len): every sequence at n tokens."""
+    from mqa_core.testing import make_paged_inputs
+
+    lens = torch.full((s.m,), s.n, dtype=torch.int32)
+    x = make_paged_inputs(s.m, s.next_n, s.h, s.d, s.n, device=device, seed=1, context_lens=lens)
+    q, cache, w, lens, tables, n = x.args()
+    if kind == "peak":  # dominant keys: scale a few cache scales up (the last 4 bytes of each token row)
+        scales = cache[..., s.d:].view(torch.float32)
+        g = torch.Generator(device=device).manual_seed(2)
+        scales.mul_(torch.exp(torch.randn(scales.shape, device=device, generator=g) * 1.5))
+    return q, cache, w, lens, tables, n
+
+
+# -- columns ------------------------------------------------------------------------------------------
+
+def deepgemm() -> tuple[Any, str]:
+    try:
+        import deep_gemm
+    except Exception as exc:  # noqa: BLE001 - any import failure empties the column, with its reason
+        return None, f"import deep_gemm failed: {type(exc).__name__}: {exc}"
+    return deep_gemm, ""
+
+
+def flashinfer(path: str | None) -> tuple[Any, str]:
+    if not path:
+        return None, "no --fi DIR (../shared/tools/flashinfer-topk-archive.sh, unpacked)"
+    sys.path.insert(0, path)
+    try:
+        import flashinfer.topk as fi
+    except Exception as exc:  # noqa: BLE001
+        return None, f"import flashinfer.topk failed: {type(exc).__name__}: {exc}"
+    return fi, ""
+
+
+def top(logits: torch.Tensor, topk: int) -> torch.Tensor:
+    """``torch.topk`` as an engine uses it: unsorted, -1 where it had to take a -inf (outside the
+    window) because the window is shorter than topk."""
+    got = torch.topk(logits, min(topk, logits.shape[1]), dim=1, sorted=False)
+    return got.indices.masked_fill(got.values == float("-inf"), -1).int()
+
+
+def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict[str, Callable[[], Any]]:
+    """Column name -> a call returning int32 positions [rows, topk] (absolute for prefill)."""
+    import mqa_core
+    from mqa_core.composed import KERNELS, composed_spec
+    from mqa_core.provider import Provider
+    from mqa_core.testing.providers import provider_named
+
+    arch = mqa_core.detect_arch()
+    composed = Provider(composed_spec(), KERNELS)
+    own = "torch_ref" if smoke else "gluon"
+    cols: dict[str, Callable[[], Any]] = {}
+    if s.kind != "decode":
+        q, kv, w, ks, ke = x
+        logits_p = provider_named(own, arch, op="fp8_mqa_logits")
+        fused = provider_named(own, arch, op="fp8_mqa_topk")
+        if dg is not None:
+            cols["DG+torch.topk"] = lambda: top(dg.fp8_mqa_logits(q, kv, w, ks, ke, True), s.topk)
+        cols["composed"] = lambda: composed.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
+        cols["fused"] = lambda: fused.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
+        if fi is not None:
+            lengths = (ke - ks).clamp(min=0).int()
+            cols["logits+FI"] = lambda: fi.top_k_ragged_transform(
+                logits_p.fp8_mqa_logits(q, kv, w, ks, ke), ks, lengths, s.topk, deterministic=True,
+                tie_break=1, row_starts=ks)
+    else:
+        q, cache, w, lens, tables, n = x
+        logits_p = provider_named(own, arch, op="fp8_paged_mqa_logits")
+        fused = provider_named(own, arch, op="fp8_paged_mqa_topk")
+        sched = mqa_core.paged_schedule(lens) if q.is_cuda else None
+        if dg is not None:
+            meta = dg.get_paged_mqa_logits_metadata(lens, 64, dg.get_num_sms())
+            cols["DG+torch.topk"] = lambda: top(dg.fp8_paged_mqa_logits(q, cache, w, lens, tables, meta, n, True),
+                                                s.topk)
+        cols["composed"] = lambda: composed.fp8_paged_mqa_topk(q, cache, w, lens, tables, n, s.topk, schedule=sched)
+        cols["fused"] = lambda: fused.fp8_paged_mqa_topk(q, cache, w, lens, tables, n, s.topk, schedule=sched)
+        if fi is not None:
+            from mqa_core.reference import visible_lengths
+
+            vis = visible_lengths(lens, s.next_n).clamp(0, n).int()
+            zeros = torch.zeros_like(vis)
+            cols["logits+FI"] = lambda: fi.top_k_ragged_transform(
+                logits_p.fp8_paged_mqa_logits(q, cache, w, lens, tables, n, schedule=sched), zeros, vis, s.topk,
+                deterministic=True, tie_break=1, row_starts=zeros, dsa_graph_safe=True)
+    return cols
+
+
+# -- checking -----------------------------------------------------------------------------------------
+
+def judge(idx: torch.Tensor, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int) -> str:
+    """'ok', or how many rows break the selection rule on ``logits`` (fp32, -inf outside windows):
+    a selected cell below an unselected in-window one by more than 1e-5 of the row's magnitude, a
+    position outside the window, a duplicate, or fewer picks than min(topk, width)."""
+    n = logits.shape[1]
+    width = (ke.long().clamp(0, n) - ks.long().clamp(0, n)).clamp(min=0)
+    valid = idx >= 0
+    picks = valid.sum(1)
+    bad = picks != width.clamp(max=topk)
+    safe = idx.long().clamp(min=0)
+    inside = (safe >= ks.long()[:, None]) & (safe < ke.long()[:, None])
+    bad |= (valid & ~inside).any(1)
+    srt = torch.sort(torch.where(valid, safe, -1 - torch.arange(idx.shape[1], device=idx.device)), 1).values
+    bad |= (srt[:, 1:] == srt[:, :-1]).any(1)
+    got = logits.gather(1, safe).masked_fill(~valid, float("inf"))
+    rest = logits.clone()
+    rest.scatter_(1, safe, float("-inf"))
+    tol = 1e-5 * logits.masked_fill(logits.isinf(), 0).abs().amax(1)
+    bad |= got.min(1).values < rest.max(1).values - tol
+    nbad = int(bad.sum())
+    return "ok" if nbad == 0 else f"FAIL {nbad}/{idx.shape[0]} rows"
+
+
+def dense_logits(s: Shape, x: tuple[Any, ...], smoke: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The judge's logits (the gluon provider's, or torch_ref's on the CPU) and the windows."""
+    import mqa_core
+    from mqa_core.composed import paged_windows
+    from mqa_core.testing.providers import provider_named
+
+    own = provider_named("torch_ref" if smoke else "gluon", mqa_core.detect_arch(),
+                         op="fp8_mqa_logits" if s.kind != "decode" else "fp8_paged_mqa_logits")
+    if s.kind != "decode":
+        q, kv, w, ks, ke = x
+        return own.fp8_mqa_logits(q, kv, w, ks, ke), ks, ke
+    q, cache, w, lens, tables, n = x
+    ke = paged_windows(lens, s.next_n, tables, cache.shape[1], n)
+    return own.fp8_paged_mqa_logits(q, cache, w, lens, tables, n), torch.zeros_like(ke), ke
+
+
+# -- timing -------------------------------------------------------------------------------------------
+
+def peak_mib(call: Callable[[], Any], device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = call()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base - out.numel() * out.element_size()
+    return round(peak / 2**20, 1)
+
+
+def event_ms(call: Callable[[], Any], device: torch.device, reps: int) -> float:
+    if device.type != "cuda":
+        t = time.perf_counter()
+        call()
+        return (time.perf_counter() - t) * 1e3
+    samples = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        call()
+        b.record()
+        b.synchronize()
+        samples.append(a.elapsed_time(b))
+    return statistics.median(samples)
+
+
+def replay_ms(call: Callable[[], Any], device: torch.device) -> tuple[float | None, str]:
+    from mqa_core.bench.timing import graph_time
+
+    got, why = graph_time(lambda _: call(), [None], device, replays=10, min_calls=8)
+    return (statistics.median(got.samples) if got else None), why
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps: int, smoke: bool) -> dict[str, Any]:
+    x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, kind, device)
+    row: dict[str, Any] = {"shape": s.name, "inputs": kind, "topk": s.topk}
+    logits, ks, ke = dense_logits(s, x, smoke)
+    row["logits_MiB"] = round(logits.numel() * 4 / 2**20, 1)
+    picks: dict[str, torch.Tensor] = {}
+    for name, call in columns(s, x, dg, fi, smoke).items():
+        try:
+            idx = call()
+            picks[name] = idx
+            row[f"{name} check"] = judge(idx, logits, ks, ke, s.topk)
+        except Exception as exc:  # noqa: BLE001 - a column that fails says why, the others run
+            row[f"{name} check"] = f"ERROR {type(exc).__name__}: {str(exc)[:160]}"
+            continue
+        row[f"{name} peak"] = peak_mib(call, device)
+        if s.kind == "decode" and device.type == "cuda":
+            ms, why = replay_ms(call, device)
+            row[f"{name} ms"] = None if ms is None else round(ms, 4)
+            if why:
+                row[f"{name} why"] = why
+        else:
+            call()  # warm (compiles, caches)
+            row[f"{name} ms"] = round(event_ms(call, device, reps), 4)
+    del logits
+    if "composed" in picks and "fused" in picks:
+        row["composed==fused"] = bool(torch.equal(picks["composed"], picks["fused"]))
+    base = row.get("DG+torch.topk ms")
+    for name in ("composed", "fused", "logits+FI"):
+        if base and row.get(f"{name} ms"):
+            row[f"{name} x DG"] = round(base / row[f"{name} ms"], 2)
+    if row.get("logits+FI ms") and row.get("fused ms"):
+        row["fused x FI"] = round(row["logits+FI ms"] / row["fused ms"], 2)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    cols = ("DG+torch.topk", "composed", "fused", "logits+FI")
+    head = f"{'shape':24} {'in':4} " + " ".join(f"{c + ' ms':>17}" for c in cols) + \
+        f" {'fused xDG':>9} {'fused xFI':>9} " + " ".join(f"{c[:9] + ' MiB':>13}" for c in cols) + "  checks"
+    lines = [head]
+    for r in rows:
+        ms = " ".join(f"{r.get(c + ' ms') if r.get(c + ' ms') is not None else '-':>17}" for c in cols)
+        mem = " ".join(f"{r.get(c + ' peak') if r.get(c + ' peak') is not None else '-':>13}" for c in cols)
+        checks = ",".join(f"{c}:{r[c + ' check']}" for c in cols if c + " check" in r and r[c + " check"] != "ok")
+        lines.append(f"{r['shape']:24} {r['inputs']:4} {ms} {r.get('fused x DG', '-'):>9} "
+                     f"{r.get('fused x FI', '-'):>9} {mem}  {checks or 'all ok'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="folder for rows.jsonl and table.txt")
+    ap.add_argument("--budget", type=float, default=400, help="seconds; shapes left past it are skipped, and said")
+    ap.add_argument("--fi", help="folder holding the unpacked FlashInfer top-k archive")
+    ap.add_argument("--only", default="", help="comma-separated shape names (substrings) to run")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="input kinds: rand, peak")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (torch_ref)")
+    args = ap.parse_args()
+    smoke = args.smoke or not torch.cuda.is_available()
+    device = torch.device("cpu" if smoke else "cuda")
+    dg, why_dg = (None, "smoke run") if smoke else deepgemm()
+    fi, why_fi = (None, "smoke run") if smoke else flashinfer(args.fi)
+    print(f"DeepGEMM: {why_dg or dg.__file__}; FlashInfer: {why_fi or fi.__file__}", flush=True)
+    if device.type == "cuda":
+        import triton
+
+        print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
+    wanted = [w for w in args.only.split(",") if w]
+    shapes = [s for s in (SMOKE if smoke else SHAPES) if not wanted or any(w in s.name for w in wanted)]
+    rows, t0 = [], time.perf_counter()
+    out = open(os.path.join(args.out, "rows.jsonl"), "w") if args.out else None
+    for s in shapes:
+        for kind in args.kinds.split(","):
+            if time.perf_counter() - t0 > args.budget:
+                print(f"skipped {s.name} {kind}: past --budget {args.budget:.0f} s", flush=True)
+                continue
+            row = run_shape(s, kind, dg, fi, device, args.reps, smoke)
+            row["s"] = round(time.perf_counter() - t0, 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if out:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+    text = table(rows)
+    print(text)
+    if args.out:
+        with open(os.path.join(args.out, "table.txt"), "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
