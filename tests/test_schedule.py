@@ -10,6 +10,7 @@ from mqa_core import Provider
 from mqa_core.compat import deep_gemm
 from mqa_core.testing import calc_diff, make_paged_inputs
 
+
 def logits_only(spec):
     """``spec`` declaring only the logits ops: the stand-in kernels here implement no top-k op."""
     from dataclasses import replace
