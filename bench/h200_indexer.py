@@ -166,10 +166,14 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
         logits_p = provider_named(own, arch, op="fp8_paged_mqa_logits")
         fused = provider_named(own, arch, op="fp8_paged_mqa_topk")
         sched = mqa_core.paged_schedule(lens) if q.is_cuda else None
-        if dg is not None:
-            meta = dg.get_paged_mqa_logits_metadata(lens, 64, dg.get_num_sms())
-            cols["DG+torch.topk"] = lambda: top(dg.fp8_paged_mqa_logits(q, cache, w, lens, tables, meta, n, True),
-                                                s.topk)
+        if dg is not None:  # DeepGEMM's paged path takes 2-D lengths, and then writes no -inf itself
+            from mqa_core.reference import visible_lengths
+
+            vis2d = visible_lengths(lens, s.next_n).view(-1, s.next_n).int()
+            meta = dg.get_paged_mqa_logits_metadata(vis2d, 64, dg.get_num_sms())
+            past = torch.arange(n, device=q.device)[None, :] >= vis2d.view(-1, 1)
+            cols["DG+torch.topk"] = lambda: top(dg.fp8_paged_mqa_logits(q, cache, w, vis2d, tables, meta, n, False)
+                                                .masked_fill_(past, float("-inf")), s.topk)
         cols["composed"] = lambda: composed.fp8_paged_mqa_topk(q, cache, w, lens, tables, n, s.topk, schedule=sched)
         cols["fused"] = lambda: fused.fp8_paged_mqa_topk(q, cache, w, lens, tables, n, s.topk, schedule=sched)
         if fi is not None:

@@ -335,3 +335,12 @@ def test_large_topk(interpret, n, topk):
     """topk 4096 with a sampled threshold (CAP 16384 < N), and topk 5000 with every window within CAP."""
     x = torch.randn(2, n, generator=torch.Generator().manual_seed(n))
     check(x, torch.tensor([0, 33], dtype=torch.int32), torch.tensor([n, n - 5], dtype=torch.int32), topk)
+
+
+def test_the_compiled_kernel_knows_its_constexprs():
+    """A compiled launch needs BLOCK & co. as constexprs (the interpreter does not): the rebuilt
+    function keeps the annotations triton.jit reads them from."""
+    from mqa_provider_gluon.ops.topk_triton import kernel
+
+    constexprs = {p.name for p in kernel(interpret=False).params if p.is_constexpr}
+    assert {"CAP", "SAMPLE", "BLOCK", "TAIL", "ABSOLUTE", "VALUES"} <= constexprs

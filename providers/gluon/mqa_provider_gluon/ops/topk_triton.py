@@ -262,6 +262,9 @@ def _jitted(interpret: bool) -> tuple[Any, Any]:
         rebound = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
         rebound.__module__ = fn.__module__
         rebound.__qualname__ = fn.__qualname__
+        # triton.jit reads constexpr parameters off the annotations, which FunctionType drops (the
+        # interpreter does not care; a compiled launch then refuses tl.arange(0, BLOCK)).
+        rebound.__annotations__ = dict(fn.__annotations__)
         return triton.jit(rebound, do_not_specialize=["M", "N", "topk"]), helpers
 
 
