@@ -8,8 +8,10 @@ Per shape, on the same inputs, every column is checked, then timed, with its pea
   pipeline of an engine without its own top-k. ``import deep_gemm`` failing only empties the column.
 - ``composed``: ``fp8_*_topk`` through the core's composed provider (the best logits kernel, then the
   best ``topk_per_row``, in row chunks within MQA_WORKSPACE_MB).
-- ``fused``: the ``gluon`` provider's own top-k op (prefill: the fused Triton kernel that never writes
-  the [M, N] matrix; decode: its paged logits then the Triton radix select, no host sync).
+- ``fused``: prefill: the ``triton`` provider's fused kernel, which never writes the [M, N] matrix;
+  decode: the ``gluon`` provider's paged logits then the Triton radix select (no host sync).
+- ``gluon`` (prefill): the ``gluon`` provider's own top-k op, Gluon logits in row chunks then the
+  Triton radix select.
 - ``logits+FI``: mqa-core's logits (gluon), then FlashInfer's ``top_k_ragged_transform`` with
   ``deterministic=True, tie_break=1`` (smaller index wins) and ``row_starts``: the same selection rule
   over the same scores. Needs ``--fi DIR`` (the unpacked archive of
@@ -151,11 +153,13 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
     if s.kind != "decode":
         q, kv, w, ks, ke = x
         logits_p = provider_named(own, arch, op="fp8_mqa_logits")
-        fused = provider_named(own, arch, op="fp8_mqa_topk")
+        fused = provider_named("torch_ref" if smoke else "triton", arch, op="fp8_mqa_topk")  # the fused kernel
+        two = provider_named(own, arch, op="fp8_mqa_topk")
         if dg is not None:
             cols["DG+torch.topk"] = lambda: top(dg.fp8_mqa_logits(q, kv, w, ks, ke, True), s.topk)
         cols["composed"] = lambda: composed.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
         cols["fused"] = lambda: fused.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
+        cols["gluon"] = lambda: two.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
         if fi is not None:
             lengths = (ke - ks).clamp(min=0).int()
             cols["logits+FI"] = lambda: fi.top_k_ragged_transform(
@@ -294,25 +298,31 @@ def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps:
     if "composed" in picks and "fused" in picks:
         row["composed==fused"] = bool(torch.equal(picks["composed"], picks["fused"]))
     base = row.get("DG+torch.topk ms")
-    for name in ("composed", "fused", "logits+FI"):
+    for name in ("composed", "fused", "gluon", "logits+FI"):
         if base and row.get(f"{name} ms"):
             row[f"{name} x DG"] = round(base / row[f"{name} ms"], 2)
-    if row.get("logits+FI ms") and row.get("fused ms"):
-        row["fused x FI"] = round(row["logits+FI ms"] / row["fused ms"], 2)
+    ours = {c: row[f"{c} ms"] for c in ("composed", "fused", "gluon")
+            if row.get(f"{c} ms") and row.get(f"{c} check") == "ok"}
+    if ours:
+        best = min(ours, key=ours.get)  # type: ignore[arg-type]
+        row["best"] = best
+        for other, label in (("DG+torch.topk", "best x DG"), ("logits+FI", "best x FI")):
+            if row.get(f"{other} ms"):
+                row[label] = round(row[f"{other} ms"] / ours[best], 2)
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("DG+torch.topk", "composed", "fused", "logits+FI")
+    cols = ("DG+torch.topk", "composed", "fused", "gluon", "logits+FI")
     head = f"{'shape':24} {'in':4} " + " ".join(f"{c + ' ms':>17}" for c in cols) + \
-        f" {'fused xDG':>9} {'fused xFI':>9} " + " ".join(f"{c[:9] + ' MiB':>13}" for c in cols) + "  checks"
+        f" {'best':>8} {'x DG':>5} {'x FI':>5} " + " ".join(f"{c[:9] + ' MiB':>13}" for c in cols) + "  checks"
     lines = [head]
     for r in rows:
         ms = " ".join(f"{r.get(c + ' ms') if r.get(c + ' ms') is not None else '-':>17}" for c in cols)
         mem = " ".join(f"{r.get(c + ' peak') if r.get(c + ' peak') is not None else '-':>13}" for c in cols)
         checks = ",".join(f"{c}:{r[c + ' check']}" for c in cols if c + " check" in r and r[c + " check"] != "ok")
-        lines.append(f"{r['shape']:24} {r['inputs']:4} {ms} {r.get('fused x DG', '-'):>9} "
-                     f"{r.get('fused x FI', '-'):>9} {mem}  {checks or 'all ok'}")
+        lines.append(f"{r['shape']:24} {r['inputs']:4} {ms} {r.get('best', '-'):>8} {r.get('best x DG', '-'):>5} "
+                     f"{r.get('best x FI', '-'):>5} {mem}  {checks or 'all ok'}")
     return "\n".join(lines)
 
 

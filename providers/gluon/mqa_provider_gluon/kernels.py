@@ -150,13 +150,43 @@ class MqaKernels:
                      positions: str = "relative", return_values: bool = False,
                      workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused Triton kernel (``ops.mqa_topk_triton``): scoring with a per-row threshold from a
-        strided sample, candidates only, an exact selection over them; never the [M, N] matrix."""
+        strided sample, candidates only, an exact selection over them; never the [M, N] matrix.
+
+        Where the ``gluon`` provider runs the Gluon sm_90 logits kernel, its prefill step is two
+        stages instead: that kernel's logits in row chunks within the workspace, then the Triton
+        radix select. The fused kernel's scoring is the portable Triton kernel's, which runs about
+        15-20% behind the Gluon one at these sizes (docs/performance.md), more than the fused path
+        saves by not writing and reading the chunk's logits."""
+        if self.use_gluon and q.get_device() >= 0:
+            from .ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
+
+            if prefill_launcher(True, q.get_device()) is fp8_mqa_logits_gluon:
+                return self._two_stage_prefill(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, topk, positions,
+                                               return_values, workspace_bytes)
         from .ops.mqa_topk_triton import fp8_mqa_topk_triton
 
         k, k_scale = kv
         return fp8_mqa_topk_triton(q, k, k_scale.reshape(-1), weights, cu_seqlen_ks, cu_seqlen_ke, topk,
                                    positions=positions, return_values=return_values,
                                    workspace_bytes=workspace_bytes, select=self._select)
+
+    def _two_stage_prefill(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                           ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str, return_values: bool,
+                           workspace_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        from mqa_core.composed import chunked_prefill_topk
+
+        def logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, ks: torch.Tensor,
+                   ke: torch.Tensor) -> torch.Tensor:
+            return self.fp8_mqa_logits(q, kv, w, ks, ke)
+
+        return chunked_prefill_topk(logits, self._select_rows, q, kv, weights, ks, ke, topk, positions,
+                                    return_values, workspace_bytes)
+
+    def _select_rows(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
+                     return_values: bool, budget: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``topk_per_row`` as the core's chunk loops call a selection."""
+        return self.topk_per_row(logits, ks, ke, topk, positions=positions, return_values=return_values,
+                                 workspace_bytes=budget)
 
     def fp8_paged_mqa_topk(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                            context_lens: torch.Tensor, block_tables: torch.Tensor, max_context_len: int,
@@ -170,12 +200,7 @@ class MqaKernels:
                    tables: torch.Tensor, max_len: int, sched: torch.Tensor | None) -> torch.Tensor:
             return self.fp8_paged_mqa_logits(q, kv_cache, w, lens, tables, max_len, schedule=sched)
 
-        def select(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
-                   return_values: bool, budget: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-            return self.topk_per_row(logits, ks, ke, topk, positions=positions, return_values=return_values,
-                                     workspace_bytes=budget)
-
-        return chunked_paged_topk(logits, select, q, kv_cache, weights, context_lens, block_tables,
+        return chunked_paged_topk(logits, self._select_rows, q, kv_cache, weights, context_lens, block_tables,
                                   max_context_len, topk, schedule, return_values, workspace_bytes)
 
 
