@@ -144,16 +144,17 @@ def _entry_points() -> tuple[list[Any], Shadows]:
             continue
         if len(dists) > 1:
             # Copies that say the same (version, and each entry point naming the same object) import
-            # the same code whichever comes first: one is kept, as importlib.metadata would (the
-            # same directory on sys.path twice, or an editable install's egg-info in its source tree
-            # beside its dist-info). Copies that differ are shadows: reported, neither imported.
-            says = {(d.version, tuple(sorted((ep.name, ep.value) for ep in e))) for d, e in zip(dists, eps)}
-            if len(says) == 1:
+            # the same code whichever comes first: they count as one, as importlib.metadata would
+            # (the same directory on sys.path twice, or an editable install's egg-info in its source
+            # tree beside its dist-info). Copies that differ are shadows: reported, none imported.
+            first: dict[Any, tuple[Any, list[Any]]] = {}
+            for d, e in zip(dists, eps):
+                first.setdefault((d.version, tuple(sorted((ep.name, ep.value) for ep in e))), (d, e))
+            if len(first) == 1:
                 eps = eps[:1]
-            else:  # each copy listed once (a directory on sys.path twice lists its copy twice)
-                where = {_where(d): (d, e) for d, e in reversed(list(zip(dists, eps)))}
-                shadows[name] = sorted((w, d.version or "?") for w, (d, _) in where.items())
-                eps = [e for _, e in where.values()]
+            else:
+                shadows[name] = sorted((_where(d), d.version or "?") for d, _ in first.values())
+                eps = [e for _, e in first.values()]
         found += [ep for e in eps for ep in e]
     # Sorted, so that every process and every rank discovers the same plugins in the same order.
     found.sort(key=lambda ep: (ep.name, ep.value, *_dist(ep), _where(ep.dist) if getattr(ep, "dist", None) else ""))

@@ -296,3 +296,17 @@ def test_a_second_copy_of_another_version_is_a_shadow(install_dist, monkeypatch)
     reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref")
     with pytest.warns(RuntimeWarning, match=r"installed 2 times on sys.path \(.*99\.0 at "):
         assert registry.state().discovery.specs == ()
+
+
+def test_identical_copies_count_once_beside_a_shadow(install_dist, monkeypatch):
+    """CI's editable install leaves an egg-info in the source tree beside its dist-info; a third,
+    different copy is then one shadow of one distribution, not two: "installed 2 times"."""
+    import importlib.metadata as md
+
+    genuine = md.distribution("mqa-provider-torch-ref")
+    eps = {ep.name: ep.value for ep in genuine.entry_points if ep.group == "mqa_core.providers"}
+    install_dist("mqa_provider_torch_ref", genuine.version, {}, {"mqa_core.providers": eps})
+    install_dist("mqa_provider_torch_ref", "99.0", {}, {"mqa_core.providers": eps})
+    reload_with(monkeypatch, MQA_PLUGINS="mqa-provider-torch-ref")
+    with pytest.warns(RuntimeWarning, match=r"installed 2 times on sys.path \(.*99\.0 at "):
+        assert registry.state().discovery.specs == ()
