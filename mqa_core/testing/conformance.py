@@ -640,23 +640,22 @@ def _claims_case(kit: Kit, op: str, what: str, problem: Problem) -> Any:
     return kit.draw.case(kit.name, op, what, problem)
 
 
-def _claim_inputs(kit: Kit, op: str) -> tuple[Any, Any, Problem]:
-    """(a call's arguments, a function of (args, rows) giving a call on a sub-batch, the problem)."""
+def _claim_inputs(kit: Kit, op: str) -> tuple[Any, Problem]:
+    """(the inputs of the claims' calls of ``op``, their problem)."""
     m, n = topk.topk_sizes(kit.device).claims
     if op in (topk.TOPK, PREFILL):
         h, d = _topk_hd(kit, op, m, n)
         x = topk.inside_windows(topk.random_prefill(kit.draw, Problem(m, n, h, d), window="ragged"))
-        return x, None, Problem(m, n, h, d)
+        return x, Problem(m, n, h, d)
     if op == topk.PER_ROW:
         logits = topk.given_logits("ties", m, n, kit.seed, kit.device)
         ks, ke = make_windows("ragged", m, n, kit.seed)
-        return (logits, ks.clamp(max=n).to(kit.device), ke.clamp(max=n).to(kit.device)), None, Problem(m, n, 1, 1)
+        return (logits, ks.clamp(max=n).to(kit.device), ke.clamp(max=n).to(kit.device)), Problem(m, n, 1, 1)
     if kit.pair[0] != kit.pair[1]:
         pytest.skip("the paged cache is uint8 and holds q's fp8 flavour: mixed pairs are a prefill matter")
     ctx = topk.topk_sizes(kit.device).paged_context
     h, d = _topk_hd(kit, op, 12, ctx)
-    x = topk.decode_inputs(kit.draw, 6, 2, h, d, ctx, lens_2d=True, exact=False)
-    return x, None, Problem(12, ctx, h, d)
+    return topk.decode_inputs(kit.draw, 6, 2, h, d, ctx, lens_2d=True, exact=False), Problem(12, ctx, h, d)
 
 
 def _run_claim_call(kit: Kit, op: str, x: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -692,7 +691,7 @@ def test_topk_claims_deterministic(kit: Kit, op: str) -> None:
     """A provider claiming ``deterministic``: three calls on the same inputs give bitwise-equal indices
     and values (the logits ops' repeatability is every provider's duty: test_prefill_repeatable)."""
     _claims(kit, "deterministic", op)
-    x, _, problem = _claim_inputs(kit, op)
+    x, problem = _claim_inputs(kit, op)
     case = _claims_case(kit, op, "claim deterministic: repeated calls", problem)
     first = _run_claim_call(kit, op, x)
     for i in (2, 3):
@@ -705,7 +704,7 @@ def test_topk_claims_batch_invariant(kit: Kit, op: str) -> None:
     appended past its window gives the same indices and value bits (the logits ops: the same logits
     bits in its window)."""
     _claims(kit, "batch_invariant", op)
-    x, _, problem = _claim_inputs(kit, op)
+    x, problem = _claim_inputs(kit, op)
     case = _claims_case(kit, op, "claim batch_invariant", problem)
     check = _same_logits if op in (PREFILL, PAGED) else topk.check_same
     full = _run_claim_call(kit, op, x)
@@ -736,9 +735,9 @@ def test_topk_claims_batch_invariant(kit: Kit, op: str) -> None:
         alone = replace(x, q=x.q[seq], weights=x.weights[rows], context_lens=x.context_lens[seq],
                         block_tables=x.block_tables[seq])
         check(full, _run_claim_call(kit, op, alone), case, f"sequence {s} alone against the batch", rows)
-    more = topk.appended_blocks(x, 2)
+    longer = topk.appended_blocks(x, 2)
     extra = {"cols": x.max_context_len} if op == PAGED else {}
-    check(full, _run_claim_call(kit, op, more), case, "a longer max_context_len and block table (2 blocks past "
+    check(full, _run_claim_call(kit, op, longer), case, "a longer max_context_len and block table (2 blocks past "
                                                       "every row's length)", **extra)
 
 

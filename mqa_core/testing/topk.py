@@ -42,7 +42,7 @@ TOPK_HD = ((16, 64), (32, 128), (16, 128), (64, 128), (32, 64))
 #: The period of the repeated keys in exact inputs: no tile size and no divisor of one.
 TIE_PERIOD = 40
 #: Kinds of given logits for ``topk_per_row``.
-LOGITS_KINDS = ("random", "ties", "special", "bf16", "strided")
+LOGITS_KINDS = ("random", "ties", "close", "special", "bf16", "strided")
 
 
 @dataclass(frozen=True)
@@ -100,22 +100,23 @@ def _ints(shape: tuple[int, ...], g: torch.Generator, spread: int) -> torch.Tens
 
 
 def exact_prefill(draw: Draw, problem: Problem, *, window: str = "edges", ties: bool = True) -> Inputs:
-    """Prefill inputs whose logits are exact in float32: integer q and k (``ties``: |x| <= 3, the keys
-    repeating every :data:`TIE_PERIOD` positions, scales too; otherwise |x| <= 8, every key its own, so
-    logits are large and close: a selection on rounded logits shows), power-of-two scales, signed
-    power-of-two weights."""
+    """Prefill inputs whose logits are exact in float32: integer q and k, power-of-two scales and
+    weights. ``ties``: |x| <= 3, signed weights, the keys (and scales) repeating every
+    :data:`TIE_PERIOD` positions; otherwise q and k in 1..8 and positive weights, every key its own, so
+    the logits are large and close (dozens to a bf16 value): a selection on rounded logits shows."""
     g = torch.Generator().manual_seed(draw.seed)
     m, n, h, d = problem.m, problem.n, problem.h, problem.d
     q_dtype, k_dtype = draw.dtypes
-    spread = 3 if ties else 8
-    q = _ints((m, h, d), g, spread)
     if ties:
-        base, scales = _ints((TIE_PERIOD, d), g, spread), _pow2((TIE_PERIOD,), g)
+        q = _ints((m, h, d), g, 3)
+        base, scales = _ints((TIE_PERIOD, d), g, 3), _pow2((TIE_PERIOD,), g)
         pick = torch.arange(n) % TIE_PERIOD
         k, k_scale = base[pick], scales[pick]
-    else:
-        k, k_scale = _ints((n, d), g, spread), _pow2((n,), g)
-    weights = _pow2((m, h), g, signed=True)
+        weights = _pow2((m, h), g, signed=True)
+    else:  # positive, so nothing cancels: logits in the tens of thousands, a few apart
+        q = torch.randint(1, 9, (m, h, d), generator=g).float()
+        k, k_scale = torch.randint(1, 9, (n, d), generator=g).float(), _pow2((n,), g, -1, 0)
+        weights = _pow2((m, h), g)
     ks, ke = make_windows(window, m, n, draw.seed)
     dev = draw.device
     return Inputs(q.to(q_dtype).to(dev), k.to(k_dtype).to(dev), k_scale.to(dev), weights.to(dev),
@@ -155,12 +156,16 @@ def decode_inputs(draw: Draw, batch: int, next_n: int, h: int, d: int, context: 
 
 def given_logits(kind: str, m: int, n: int, seed: int, device: torch.device) -> torch.Tensor:
     """Logits for ``topk_per_row``: ``random`` float32; ``ties`` small integers (ties everywhere);
+    ``close`` 1024 plus multiples of 1/8 (distinct in float32, dozens to a bf16 value: a selection on
+    rounded logits shows);
     ``special`` rows of -inf, of NaN, of -inf and NaN mixed with a few values, -0.0 beside 0.0, +inf;
     ``bf16`` bfloat16 (rounding makes ties); ``strided`` float32 rows wider than N (row stride N + 19,
     the gap NaN)."""
     g = torch.Generator().manual_seed(seed)
     if kind == "ties":
         out = _ints((m, n), g, 3)
+    elif kind == "close":
+        out = 1024 + torch.randint(0, 512, (m, n), generator=g).float() / 8
     elif kind == "special":
         out = _ints((m, n), g, 2)
         inf, nan = float("inf"), float("nan")
@@ -374,9 +379,7 @@ def run_topk_per_row(provider: Provider, draw: Draw, logits: torch.Tensor, ks: t
 
 # -- claims ----------------------------------------------------------------------------------------
 
-def _bits(t: torch.Tensor | None) -> torch.Tensor | None:
-    if t is None:
-        return None
+def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.int32).cpu() if t.element_size() == 4 else t.contiguous().view(torch.int16).cpu()
 
 
@@ -388,13 +391,12 @@ def check_same(first: tuple[torch.Tensor, torch.Tensor | None], second: tuple[to
         r, c = (a != b).nonzero()[0].tolist()
         raise AssertionError(f"{case}: {what}: indices differ; first at row {r} slot {c}: {int(a[r, c])} vs "
                              f"{int(b[r, c])}")
-    va, vb = _bits(first[1]), _bits(second[1])
-    if va is not None and vb is not None:
-        va = va[rows]
-        if not torch.equal(va, vb):
-            r, c = (va != vb).nonzero()[0].tolist()
-            fa = first[1].cpu()[rows][r, c].item()  # type: ignore[index]
-            fb = second[1].cpu()[r, c].item()  # type: ignore[index]
+    fv, sv = first[1], second[1]
+    if fv is not None and sv is not None:
+        va, vb = fv.cpu()[rows], sv.cpu()
+        if not torch.equal(_bits(va), _bits(vb)):
+            r, c = (_bits(va) != _bits(vb)).nonzero()[0].tolist()
+            fa, fb = va[r, c].item(), vb[r, c].item()
             raise AssertionError(f"{case}: {what}: values differ in their bits; first at row {r} slot {c}: "
                                  f"{fa!r} vs {fb!r}")
 
