@@ -248,7 +248,8 @@ from mqa_core import ProviderSpec, hookimpl
 def mqa_providers():
     return [ProviderSpec(name="unclaimed", ops={"fp8_mqa_logits", "fp8_paged_mqa_logits", "fp8_mqa_topk",
                                               "fp8_paged_mqa_topk", "topk_per_row"},
-                         archs={"cpu"}, dtypes={"float8_e4m3fn"}, priority=500, load="mqa_provider_torch_ref.kernels:KERNELS")]
+                         archs={"cpu"}, dtypes={"float8_e4m3fn"}, priority=500,
+                         load="mqa_provider_torch_ref.kernels:KERNELS")]
 '''
 
 
@@ -307,7 +308,8 @@ class Bad:
 @hookimpl
 def mqa_providers():
     return [ProviderSpec(name=f"bad_{k}", ops={"topk_per_row"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
-                         priority=-50, load=f"bad_results:{k.upper()}") for k in ("dtype", "shape", "overlap", "values", "tuple")]
+                         priority=-50, load=f"bad_results:{k.upper()}")
+            for k in ("dtype", "shape", "overlap", "values", "tuple")]
 
 
 DTYPE, SHAPE, OVERLAP, VALUES, TUPLE = (Bad(k) for k in ("dtype", "shape", "overlap", "values", "tuple"))
