@@ -42,7 +42,7 @@ TOPK_HD = ((16, 64), (32, 128), (16, 128), (64, 128), (32, 64))
 #: The period of the repeated keys in exact inputs: no tile size and no divisor of one.
 TIE_PERIOD = 40
 #: Kinds of given logits for ``topk_per_row``.
-LOGITS_KINDS = ("random", "ties", "close", "special", "bf16", "strided")
+LOGITS_KINDS = ("random", "ties", "close", "infnan", "bf16", "strided")
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ def given_logits(kind: str, m: int, n: int, seed: int, device: torch.device) -> 
     """Logits for ``topk_per_row``: ``random`` float32; ``ties`` small integers (ties everywhere);
     ``close`` 1024 plus multiples of 1/8 (distinct in float32, dozens to a bf16 value: a selection on
     rounded logits shows);
-    ``special`` rows of -inf, of NaN, of -inf and NaN mixed with a few values, -0.0 beside 0.0, +inf;
+    ``infnan`` rows of -inf, of NaN, of -inf and NaN mixed with a few values, -0.0 beside 0.0, +inf;
     ``bf16`` bfloat16 (rounding makes ties); ``strided`` float32 rows wider than N (row stride N + 19,
     the gap NaN)."""
     g = torch.Generator().manual_seed(seed)
@@ -166,7 +166,7 @@ def given_logits(kind: str, m: int, n: int, seed: int, device: torch.device) -> 
         out = _ints((m, n), g, 3)
     elif kind == "close":
         out = 1024 + torch.randint(0, 512, (m, n), generator=g).float() / 8
-    elif kind == "special":
+    elif kind == "infnan":
         out = _ints((m, n), g, 2)
         inf, nan = float("inf"), float("nan")
         cell = torch.rand(m, n, generator=g)
