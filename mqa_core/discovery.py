@@ -44,7 +44,7 @@ from .names import (
     provider_id,
 )
 from .settings import Settings
-from .spec import ProviderSpec, plain_spec
+from .spec import COMPOSED_DISTRIBUTION, COMPOSED_NAME, ProviderSpec, plain_spec
 
 log = logging.getLogger("mqa_core")
 
@@ -351,13 +351,16 @@ def unknown_names(settings: Settings, found: Discovery) -> list[str]:
     plugins = ", ".join(f"{p.distribution or '?'}:{p.entry_point}" for p in found.plugins) or "none"
     dists = {normalize_distribution(p.distribution) for p in found.plugins if p.distribution}
     out = []
+    # The core's composed provider is no plugin, but MQA_PROVIDER and MQA_DISABLE_PROVIDERS may name it.
+    core = (COMPOSED_DISTRIBUTION, COMPOSED_NAME)
     missing = [r for r in settings.preference
-               if not any(names_provider(r, s.distribution, s.name) for s in found.specs)]
+               if not any(names_provider(r, d, n) for d, n in [*((s.distribution, s.name) for s in found.specs), core])]
     if missing:
         out.append(f"MQA_PROVIDER names {', '.join(missing)}, which no installed provider is "
                    f"(installed: {installed})")
     missing = [r for r in sorted(settings.disabled)
-               if not any(names_provider_or_distribution(r, s.distribution, s.name) for s in found.specs)
+               if not any(names_provider_or_distribution(r, d, n)
+                          for d, n in [*((s.distribution, s.name) for s in found.specs), core])
                and not (":" not in r and normalize_distribution(r) in dists)]
     if missing:
         out.append(f"MQA_DISABLE_PROVIDERS names {', '.join(missing)}, which matches no installed provider "

@@ -153,6 +153,11 @@ def _specs(s: _State, op: str) -> tuple[ProviderSpec, ...]:
     return (*s.discovery.specs, s.composed)
 
 
+def all_specs(s: _State | None = None) -> tuple[ProviderSpec, ...]:
+    """Every provider a name may resolve to: the discovered ones and the core's composed provider."""
+    return _specs(state() if s is None else s, "fp8_mqa_topk")
+
+
 def _decide(s: _State, arch: str, op: str, dtype: object, problem: Problem | None) -> Decision:
     with _lock:
         return decide(_specs(s, op), s.discovery.broken, s.settings, arch=arch, op=op,

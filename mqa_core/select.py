@@ -14,7 +14,17 @@ from .decision import Candidate, Decision
 from .discovery import BrokenPlugin, describe_error
 from .names import names_provider, names_provider_or_distribution, normalize_distribution, printable
 from .settings import Settings
-from .spec import COMPOSED_ID, SCORING_OP, TOPK_OPS, Problem, ProviderSpec, dtype_pair, format_pairs
+from .spec import (
+    COMPOSED_DISTRIBUTION,
+    COMPOSED_ID,
+    COMPOSED_NAME,
+    SCORING_OP,
+    TOPK_OPS,
+    Problem,
+    ProviderSpec,
+    dtype_pair,
+    format_pairs,
+)
 
 #: (spec, arch) -> None or the reason the runtime check rejects it. The registry caches it.
 CheckFn = Callable[[ProviderSpec, str], str | None]
@@ -133,8 +143,16 @@ def preference_for(specs: Sequence[ProviderSpec], settings: Settings, op: str) -
       the indexer step on DeepGEMM's logits instead of failing because DeepGEMM has no top-k kernel;
     - ``topk_per_row`` is chosen by the other rules (the preference names logits kernels).
 
+    ``MQA_PROVIDER=composed`` (the core's own provider, which serves the fused ops only) names no
+    provider of the other ops: for those it is dropped from the preference, so the composed path's
+    parts (a logits provider, a ``topk_per_row`` provider) are chosen by the other rules.
+
     A name that matches nothing installed keeps the preference, and the failure that says so.
     """
+    if settings.preference and op not in SCORING_OP:
+        rest = tuple(r for r in settings.preference if not names_provider(r, COMPOSED_DISTRIBUTION, COMPOSED_NAME))
+        if len(rest) < len(settings.preference):
+            settings = replace(settings, preference=rest)
     if not settings.preference or op not in TOPK_OPS:
         return settings
     named = [s for s in specs if any(names_provider(r, s.distribution, s.name) for r in settings.preference)]

@@ -43,7 +43,8 @@ def allow_plugins(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
 def _fresh_registry(monkeypatch: pytest.MonkeyPatch):
     """Each test starts from a clean environment and an empty registry cache, and leaves one."""
     for var in ("MQA_PROVIDER", "MQA_DISABLE_PROVIDERS", "MQA_STRICT_PLUGINS",
-                "MQA_VALIDATE", "MQA_TORCH_REF_MEMORY_MB", "MQA_TUNING", "TRITON_INTERPRET"):
+                "MQA_VALIDATE", "MQA_TORCH_REF_MEMORY_MB", "MQA_TUNING", "TRITON_INTERPRET", "MQA_WORKSPACE_MB",
+                "MQA_BATCH_INVARIANT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MQA_PLUGINS", REPO_PLUGINS)
     mqa_core.reload()

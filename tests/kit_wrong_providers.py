@@ -186,3 +186,102 @@ def mqa_providers():
                          description=what)
             for name, (attr, what) in UNSAFE.items()]
 '''
+
+
+#: Top-k providers, each near-correct in one way (issue 34): the kit's top-k cases must fail each. Their
+#: logits are the float64 oracle's rounded once to float32 (within every bound); the selection errs.
+TOPK_WRONG = {
+    # name: (attribute, ops, claims, what is wrong)
+    "wrong_ties": ("TIES", ("fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row"), ("deterministic",),
+                   "breaks ties to the larger position"),
+    "wrong_lastkey": ("LASTKEY", ("fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row"), ("deterministic",),
+                      "never selects the last key of a window"),
+    "wrong_bf16select": ("BF16SEL", ("fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row"), ("deterministic",),
+                         "selects on logits rounded to bf16 (returns the float32 values)"),
+    "wrong_batch": ("BATCH", ("fp8_mqa_topk", "fp8_paged_mqa_topk"), ("deterministic", "batch_invariant"),
+                    "claims batch_invariant, but with more than 4 rows rounds its logits toward zero"),
+}
+
+TOPK_KERNELS = '''
+import torch
+from mqa_core.reference import fp8_mqa_logits_ref, fp8_paged_mqa_logits_ref, visible_lengths
+
+
+def _to_f32(x64, truncate):
+    """float64 -> float32: to nearest, or toward zero (one ulp at most either way: inside every bound)."""
+    f = x64.float()
+    if truncate:
+        away = f.double().abs() > x64.abs()
+        f = torch.where(away & torch.isfinite(f), torch.nextafter(f, torch.zeros_like(f)), f)
+    return f
+
+
+class WrongTopk:
+    def __init__(self, ties_high=False, drop_last=False, bf16=False, batch=False):
+        self.ties_high, self.drop_last, self.bf16, self.batch = ties_high, drop_last, bf16, batch
+
+    def _select(self, logits, ks, ke, topk, positions, return_values):
+        m, n = logits.shape
+        out = torch.full((m, topk), -1, dtype=torch.int32, device=logits.device)
+        vals = torch.full((m, topk), float("-inf"), dtype=torch.float32, device=logits.device)
+        lo_all, hi_all = ks.long().clamp(0, n).tolist(), ke.long().clamp(0, n).tolist()
+        for r in range(m):
+            lo, hi = lo_all[r], hi_all[r]
+            if hi <= lo:
+                continue
+            seg = logits[r, lo:hi].double().cpu()
+            if self.drop_last:
+                seg = seg[:-1]
+            key = seg.to(torch.bfloat16).double() if self.bf16 else seg
+            nan = key.isnan()
+            key = key.masked_fill(nan, float("-inf"))
+            if self.ties_high:
+                order = seg.numel() - 1 - torch.sort(key.flip(0), descending=True, stable=True).indices
+            else:
+                order = torch.sort(key, descending=True, stable=True).indices
+            order = order[torch.sort(nan[order].to(torch.int8), stable=True).indices]
+            pick = order[:topk].sort().values
+            k = pick.numel()
+            out[r, :k] = (pick + (0 if positions == "relative" else lo)).int().to(out.device)
+            vals[r, :k] = seg[pick].float().to(vals.device)
+        return out, (vals if return_values else None)
+
+    def topk_per_row(self, logits, ks, ke, topk, *, positions="relative", return_values=False,
+                     workspace_bytes=None):
+        return self._select(logits, ks, ke, topk, positions, return_values)
+
+    def fp8_mqa_topk(self, q, kv, w, ks, ke, topk, *, positions="relative", return_values=False,
+                     workspace_bytes=None):
+        k, k_scale = kv
+        exact = fp8_mqa_logits_ref(q.double(), k.double(), k_scale.reshape(-1), w, ks, ke)
+        logits = _to_f32(exact, self.batch and q.shape[0] > 4)
+        return self._select(logits, ks, ke, topk, positions, return_values)
+
+    def fp8_paged_mqa_topk(self, q, kv_cache, w, context_lens, block_tables, max_context_len, topk, *,
+                           schedule=None, return_values=False, workspace_bytes=None):
+        b, next_n = q.shape[:2]
+        exact = fp8_paged_mqa_logits_ref(q, kv_cache, w, context_lens, block_tables, max_context_len,
+                                         fp8_dtype=q.dtype)
+        logits = _to_f32(exact, self.batch and b * next_n > 4)
+        covered = min(max_context_len, block_tables.shape[1] * kv_cache.shape[1])
+        ke = visible_lengths(context_lens, next_n).clamp(0, covered)
+        return self._select(logits, torch.zeros_like(ke), ke, topk, "relative", return_values)
+
+
+TIES, LASTKEY = WrongTopk(ties_high=True), WrongTopk(drop_last=True)
+BF16SEL, BATCH = WrongTopk(bf16=True), WrongTopk(batch=True)
+'''
+
+TOPK_SPECS = f'''
+from mqa_core import ProviderSpec, hookimpl
+
+TOPK_WRONG = {TOPK_WRONG!r}
+
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name=name, ops=set(ops), archs={{"cpu", "sm_90"}}, dtypes={{"float8_e4m3fn"}},
+                         priority=-100, load=f"wrong_topk_providers.kernels:{{attr}}", claims=set(claims),
+                         description=what)
+            for name, (attr, ops, claims, what) in TOPK_WRONG.items()]
+'''

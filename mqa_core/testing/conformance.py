@@ -24,8 +24,8 @@ from ..arch import KNOWN_ARCHS, normalize_arch
 from ..errors import ProviderUnavailableError
 from ..names import names_provider
 from ..provider import Provider, load_object
-from ..spec import Problem, ProviderSpec
-from . import large, runner
+from ..spec import OPS, Problem, ProviderSpec
+from . import large, runner, topk
 from . import providers as named
 from .bound import Accumulation
 from .cases import (
@@ -40,6 +40,7 @@ from .cases import (
     declared_pairs,
     large_sizes,
     main_heads_dims,
+    make_windows,
     pair_id,
     sizes_for,
 )
@@ -58,7 +59,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     names = list(config.getoption("mqa_provider"))
     if "dtype_pair" in metafunc.fixturenames:
-        params = [(n, p) for n in names for p in _pairs_to_run(config, n)]
+        one = metafunc.definition.name.startswith(("test_topk", "test_claims"))
+        params = [(n, p) for n in names for p in _pairs_to_run(config, n, one)]
         metafunc.parametrize("provider_name,dtype_pair", params, ids=[f"{n}-{pair_id(p)}" for n, p in params])
     elif "provider_name" in metafunc.fixturenames:
         metafunc.parametrize("provider_name", names, ids=names)
@@ -67,7 +69,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("odd_size", odd, ids=[f"M{m}-N{n}" for m, n in odd])
 
 
-def _pairs_to_run(config: pytest.Config, name: str) -> list[Pair]:
+def _pairs_to_run(config: pytest.Config, name: str, one: bool = False) -> list[Pair]:
+    """The dtype pairs a case runs for: ``--mqa-dtype``'s, else every pair ``name`` declares; ``one``
+    (the top-k and claims cases, whose subject is the selection, not the arithmetic of each pair): only
+    the first same-flavour pair it declares."""
     chosen = config.stash.get(DTYPE_PAIR, None)
     if chosen is not None:
         return [chosen]
@@ -75,7 +80,11 @@ def _pairs_to_run(config: pytest.Config, name: str) -> list[Pair]:
         spec = named.spec_named(name)
     except ValueError:  # ambiguous: each case then says so (_spec_or_fail)
         spec = None
-    return declared_pairs(spec, kit_arch(config)) if spec is not None else [("float8_e4m3fn", "float8_e4m3fn")]
+    pairs = declared_pairs(spec, kit_arch(config)) if spec is not None else [("float8_e4m3fn", "float8_e4m3fn")]
+    if one:
+        same = [p for p in pairs if p[0] == p[1]]
+        pairs = (same or pairs)[:1]
+    return pairs
 
 
 @dataclass
@@ -267,7 +276,7 @@ def test_spec(provider_name: str, provider_spec: ProviderSpec) -> None:
 def test_selection(provider_name: str, provider_spec: ProviderSpec, request: pytest.FixtureRequest) -> None:
     """MQA_PROVIDER=NAME selects it on this device; MQA_DISABLE_PROVIDERS=NAME blocks it."""
     arch = kit_arch(request.config)
-    op = PREFILL if PREFILL in provider_spec.ops else PAGED
+    op = next(o for o in OPS if o in provider_spec.ops)
     chosen = named.explain_with(arch, op=op, MQA_PROVIDER=provider_name)
     row = chosen.chosen_candidate
     assert row is not None and names_provider(provider_name, row.distribution, row.name), \
@@ -469,3 +478,313 @@ def test_paged_large_index(kit: Kit) -> None:
     _enough_memory(kit, 3 * batch * next_n * ctx * 4 + (2 ** sizes.bits) + (4 << 30))
     sampled = large.paged_case(sizes, h, d, kit.dtypes[0], kit.device, kit.seed, PAGED_BLOCK_SIZE)
     runner.run_sampled(kit.provider(PAGED), kit.draw, problem, sampled)
+
+
+# -- the indexer step: top-k (kit v3, see topk.py) -----------------------------------------------------
+# These run for one dtype pair per provider (the selection is their subject; the logits cases above
+# cover every pair's arithmetic). topk_per_row is judged exactly (its logits are given); the fused ops
+# by accepted selection on random inputs and exactly on exact inputs.
+
+TOPK_MODES = [("relative", False), ("absolute", True)]
+TOPK_MODE_IDS = ["relative", "absolute-values"]
+
+
+def _topk_hd(kit: Kit, op: str, m: int, n: int) -> tuple[int, int]:
+    kit.require(op)
+    hd = topk.topk_heads_dims(kit.spec, m, n)
+    if hd is None:
+        pytest.fail(f"provider {kit.name}'s shape limits accept no (H, D) at M={m}, N={n}", pytrace=False)
+    return hd
+
+
+@pytest.mark.parametrize("positions,return_values", TOPK_MODES, ids=TOPK_MODE_IDS)
+@pytest.mark.parametrize("kind", topk.LOGITS_KINDS)
+def test_topk_per_row(kit: Kit, kind: str, positions: str, return_values: bool) -> None:
+    """The selection over given logits equals the oracle's: random float32, small integers (ties
+    everywhere), -inf rows, NaN rows and cells, -0.0 beside 0.0, bf16 logits, rows wider than N; every
+    window corner (empty, ks < 0, ke > N, one key, shorter than topk)."""
+    kit.require(topk.PER_ROW)
+    sizes = topk.topk_sizes(kit.device)
+    m, n = sizes.windows
+    logits = topk.given_logits(kind, m, n, kit.seed, kit.device)
+    ks, ke = make_windows("edges", m, n, kit.seed)
+    topk.run_topk_per_row(kit.provider(topk.PER_ROW), kit.draw, logits, ks.to(kit.device), ke.to(kit.device),
+                          sizes.topk, positions=positions, return_values=return_values, what=f"logits={kind}")
+
+
+@pytest.mark.parametrize("k", topk.TOPK_SIZES["cpu"].topks)
+def test_topk_per_row_sizes(kit: Kit, k: int) -> None:
+    """topk 1, 512, 2048, 4096 over N = topk + a margin: a full window, windows shorter than topk, an
+    empty one; small-integer logits, so ties straddle every 64/128/2048 border."""
+    kit.require(topk.PER_ROW)
+    sizes = topk.topk_sizes(kit.device)
+    m, n = sizes.rows, k + sizes.past
+    logits = topk.given_logits("ties", m, n, kit.seed, kit.device)
+    ks, ke = make_windows("edges", m, n, kit.seed)
+    topk.run_topk_per_row(kit.provider(topk.PER_ROW), kit.draw, logits, ks.to(kit.device), ke.to(kit.device), k,
+                          positions="relative", return_values=True, what="logits=ties")
+
+
+@pytest.mark.parametrize("positions,return_values", TOPK_MODES, ids=TOPK_MODE_IDS)
+@pytest.mark.parametrize("window", ["causal", "ragged", "edges", "short", "empty"])
+def test_topk_prefill(kit: Kit, window: str, positions: str, return_values: bool) -> None:
+    """Random fp8 inputs: the selection is accepted within the cells' error bounds, positions ascend
+    inside the window, -1 fills exactly the slots a short window leaves, values within their bounds."""
+    sizes = topk.topk_sizes(kit.device)
+    m, n = sizes.windows
+    h, d = _topk_hd(kit, topk.TOPK, m, n)
+    x = topk.random_prefill(kit.draw, Problem(m, n, h, d), window=window)
+    topk.run_prefill_topk(kit.provider(topk.TOPK), kit.draw, x, sizes.topk, positions=positions,
+                          return_values=return_values, exact=False, what=f"random inputs window={window}")
+
+
+@pytest.mark.parametrize("positions,return_values", TOPK_MODES, ids=TOPK_MODE_IDS)
+@pytest.mark.parametrize("ties", [True, False], ids=["ties", "distinct"])
+@pytest.mark.parametrize("window", ["causal", "edges"])
+def test_topk_prefill_exact(kit: Kit, window: str, ties: bool, positions: str, return_values: bool) -> None:
+    """Exact inputs (integer fp8, power-of-two scales and weights): the selection equals the oracle's,
+    tie rule included. ``ties``: keys repeat every 40 positions, so equal logits straddle every tile
+    border; ``distinct``: large, close logits, so a selection on rounded logits shows."""
+    sizes = topk.topk_sizes(kit.device)
+    m, n = sizes.windows
+    h, d = _topk_hd(kit, topk.TOPK, m, n)
+    x = topk.exact_prefill(kit.draw, Problem(m, n, h, d), window=window, ties=ties)
+    topk.run_prefill_topk(kit.provider(topk.TOPK), kit.draw, x, sizes.topk, positions=positions,
+                          return_values=return_values, exact=True,
+                          what=f"exact inputs ({'repeated keys' if ties else 'distinct keys'}) window={window}")
+
+
+@pytest.mark.parametrize("k", topk.TOPK_SIZES["cpu"].topks)
+def test_topk_prefill_sizes(kit: Kit, k: int) -> None:
+    """topk 1, 512, 2048, 4096 over N = topk + a margin on exact inputs with repeated keys (ties across
+    the 2048 border too): a full window, short ones, one at the end, an empty one."""
+    sizes = topk.topk_sizes(kit.device)
+    m, n = sizes.rows, k + sizes.past
+    h, d = _topk_hd(kit, topk.TOPK, m, n)
+    x = topk.exact_prefill(kit.draw, Problem(m, n, h, d), window="edges")
+    topk.run_prefill_topk(kit.provider(topk.TOPK), kit.draw, x, k, positions="absolute", return_values=True,
+                          exact=True, what="exact inputs (repeated keys) window=edges")
+
+
+@pytest.mark.parametrize("window", ["causal", "ragged"])
+def test_topk_prefill_chunked(kit: Kit, window: str) -> None:
+    """A workspace of a few rows' logits (as a small MQA_WORKSPACE_MB gives): rows go in chunks, each
+    scoring only the keys its windows cover; the selection on exact inputs still equals the oracle's
+    (ties across chunk borders included)."""
+    sizes = topk.topk_sizes(kit.device)
+    m, n = sizes.windows
+    h, d = _topk_hd(kit, topk.TOPK, m, n)
+    x = topk.exact_prefill(kit.draw, Problem(m, n, h, d), window=window)
+    workspace = 2 * 4 * 4 * (n + 2 * sizes.topk)  # about four rows per chunk
+    topk.run_prefill_topk(kit.provider(topk.TOPK), kit.draw, x, sizes.topk, positions="relative",
+                          return_values=True, exact=True, what=f"exact inputs (repeated keys) window={window}",
+                          workspace_bytes=workspace)
+
+
+TOPK_PAGED_CASES = ((1, 1, False), (4, 1, False), (3, 2, True), (2, 3, False), (2, 4, True))
+
+
+def _paged_topk_inputs(kit: Kit, batch: int, next_n: int, lens_2d: bool, exact: bool,
+                       context: int | None = None) -> PagedInputs:
+    kit.require(topk.PAGED_TOPK)
+    if kit.pair[0] != kit.pair[1]:
+        pytest.skip("the paged cache is uint8 and holds q's fp8 flavour: mixed pairs are a prefill matter")
+    ctx = context or topk.topk_sizes(kit.device).paged_context
+    h, d = _topk_hd(kit, topk.PAGED_TOPK, batch * next_n, ctx)
+    return topk.decode_inputs(kit.draw, batch, next_n, h, d, ctx, lens_2d=lens_2d, exact=exact)
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["random", "exact"])
+@pytest.mark.parametrize("batch,next_n,lens_2d", TOPK_PAGED_CASES,
+                         ids=[f"B{b}-next{nn}-lens{'2d' if l2 else '1d'}" for b, nn, l2 in TOPK_PAGED_CASES])
+def test_topk_paged(kit: Kit, batch: int, next_n: int, lens_2d: bool, exact: bool) -> None:
+    """The decode op: 1-D lengths (1, a block, a block plus one) and arbitrary 2-D ones (0 to the whole
+    context), next_n 1 to 4; random inputs accepted within the bounds, exact inputs (keys repeating
+    across every block border) equal to the oracle's selection."""
+    x = _paged_topk_inputs(kit, batch, next_n, lens_2d, exact)
+    topk.run_paged_topk(kit.provider(topk.PAGED_TOPK), kit.draw, x, topk.topk_sizes(kit.device).paged_topk,
+                        return_values=True, exact=exact, what=f"{'exact' if exact else 'random'} inputs "
+                                                               f"batch={batch} next_n={next_n}")
+
+
+def test_topk_paged_long(kit: Kit) -> None:
+    """topk 2048 over contexts up to 2048 + a margin, exact inputs: ties across the 2048 border."""
+    x = _paged_topk_inputs(kit, 2, 2, True, True, context=2048 + topk.topk_sizes(kit.device).past)
+    topk.run_paged_topk(kit.provider(topk.PAGED_TOPK), kit.draw, x, 2048, return_values=True, exact=True,
+                        what="exact inputs batch=2 next_n=2")
+
+
+@pytest.mark.mqa_large
+def test_topk_long(kit: Kit) -> None:
+    """topk 2048 over the engines' long rows (GPU: 64 x 64k and 8 x 1M keys; the CPU: 3 x 8k), causal
+    windows, random inputs accepted within the bounds."""
+    sizes = topk.topk_sizes(kit.device)
+    for m, n in sizes.long:
+        h, d = _topk_hd(kit, topk.TOPK, m, n)
+        _enough_memory(kit, 3 * m * h * n * 8 + (2 << 30))
+        x = topk.random_prefill(kit.draw, Problem(m, n, h, d), window="causal")
+        topk.run_prefill_topk(kit.provider(topk.TOPK), kit.draw, x, 2048, positions="relative", return_values=True,
+                              exact=False, what="random inputs window=causal")
+
+
+# -- claims --------------------------------------------------------------------------------------------
+
+def _claims(kit: Kit, claim: str, op: str) -> None:
+    kit.require(op)
+    if claim not in kit.spec.claims:
+        pytest.skip(f"{kit.name} does not claim {claim} (claims {', '.join(sorted(kit.spec.claims)) or 'nothing'}): "
+                    "the kit holds a provider only to what it claims")
+
+
+def _claims_case(kit: Kit, op: str, what: str, problem: Problem) -> Any:
+    return kit.draw.case(kit.name, op, what, problem)
+
+
+def _claim_inputs(kit: Kit, op: str) -> tuple[Any, Problem]:
+    """(the inputs of the claims' calls of ``op``, their problem)."""
+    m, n = topk.topk_sizes(kit.device).claims
+    if op in (topk.TOPK, PREFILL):
+        h, d = _topk_hd(kit, op, m, n)
+        x = topk.inside_windows(topk.random_prefill(kit.draw, Problem(m, n, h, d), window="ragged"))
+        return x, Problem(m, n, h, d)
+    if op == topk.PER_ROW:
+        logits = topk.given_logits("ties", m, n, kit.seed, kit.device)
+        ks, ke = make_windows("ragged", m, n, kit.seed)
+        return (logits, ks.clamp(max=n).to(kit.device), ke.clamp(max=n).to(kit.device)), Problem(m, n, 1, 1)
+    if kit.pair[0] != kit.pair[1]:
+        pytest.skip("the paged cache is uint8 and holds q's fp8 flavour: mixed pairs are a prefill matter")
+    ctx = topk.topk_sizes(kit.device).paged_context
+    h, d = _topk_hd(kit, op, 12, ctx)
+    return topk.decode_inputs(kit.draw, 6, 2, h, d, ctx, lens_2d=True, exact=False), Problem(12, ctx, h, d)
+
+
+def _run_claim_call(kit: Kit, op: str, x: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One call of ``op`` on ``x``: (indices, values) for the top-k ops, (logits, None) for the logits ops."""
+    provider = kit.provider(op)
+    if op == PREFILL:
+        return provider.fp8_mqa_logits(*x.args(), clean_logits=True), None
+    if op == PAGED:
+        return provider.fp8_paged_mqa_logits(*x.args(), clean_logits=True), None
+    args = x if op == topk.PER_ROW else x.args()
+    k = topk.topk_sizes(kit.device).paged_topk if op == topk.PAGED_TOPK else topk.topk_sizes(kit.device).topk
+    return topk.call_topk(provider, op, args, k, return_values=True)
+
+
+def _same_logits(first: tuple[torch.Tensor, Any], second: tuple[torch.Tensor, Any], case: Any, what: str,
+                 rows: Any = slice(None), cols: int | None = None) -> None:
+    a = first[0].cpu()[rows]
+    b = second[0].cpu()
+    if cols is not None:
+        a, b = a[:, :cols], b[:, :cols]
+    ab, bb = a.contiguous().view(torch.int32), b.contiguous().view(torch.int32)
+    if not torch.equal(ab, bb):
+        r, c = (ab != bb).nonzero()[0].tolist()
+        raise AssertionError(f"{case}: {what}: logits differ in their bits; first at ({r}, {c}): "
+                             f"{float(a[r, c])!r} vs {float(b[r, c])!r}")
+
+
+CLAIM_OPS = (topk.TOPK, topk.PAGED_TOPK, topk.PER_ROW)
+
+
+@pytest.mark.parametrize("op", CLAIM_OPS)
+def test_topk_claims_deterministic(kit: Kit, op: str) -> None:
+    """A provider claiming ``deterministic``: three calls on the same inputs give bitwise-equal indices
+    and values (the logits ops' repeatability is every provider's duty: test_prefill_repeatable)."""
+    _claims(kit, "deterministic", op)
+    x, problem = _claim_inputs(kit, op)
+    case = _claims_case(kit, op, "claim deterministic: repeated calls", problem)
+    first = _run_claim_call(kit, op, x)
+    for i in (2, 3):
+        topk.check_same(first, _run_claim_call(kit, op, x), case, f"call {i} against call 1")
+
+
+@pytest.mark.parametrize("op", CLAIM_OPS + (PREFILL, PAGED))
+def test_topk_claims_batch_invariant(kit: Kit, op: str) -> None:
+    """A provider claiming ``batch_invariant``: a row computed alone, inside the batch, and with keys
+    appended past its window gives the same indices and value bits (the logits ops: the same logits
+    bits in its window)."""
+    _claims(kit, "batch_invariant", op)
+    x, problem = _claim_inputs(kit, op)
+    case = _claims_case(kit, op, "claim batch_invariant", problem)
+    check = _same_logits if op in (PREFILL, PAGED) else topk.check_same
+    full = _run_claim_call(kit, op, x)
+    if op == topk.PER_ROW:
+        logits, ks, ke = x
+        for r in topk.sample_rows(logits.shape[0]):
+            alone = _run_claim_call(kit, op, (logits[r:r + 1], ks[r:r + 1], ke[r:r + 1]))
+            check(full, alone, case, f"row {r} alone against row {r} of the batch", slice(r, r + 1))
+        m, n = logits.shape
+        wide = torch.cat([logits, torch.full((m, 300), 1e30, dtype=logits.dtype, device=logits.device)], dim=1)
+        check(full, _run_claim_call(kit, op, (wide, ks, ke)), case, "300 larger keys appended past every window")
+        return
+    if op in (topk.TOPK, PREFILL):
+        for r in topk.sample_rows(x.q.shape[0]):
+            rows = slice(r, r + 1)
+            alone = replace(x, q=x.q[rows], weights=x.weights[rows], ks=x.ks[rows], ke=x.ke[rows])
+            check(full, _run_claim_call(kit, op, alone), case, f"row {r} alone against row {r} of the batch", rows)
+        half = slice(1, x.q.shape[0])
+        part = replace(x, q=x.q[half], weights=x.weights[half], ks=x.ks[half], ke=x.ke[half])
+        check(full, _run_claim_call(kit, op, part), case, "rows 1.. as a batch of their own", half)
+        more = topk.appended_keys(x, 300, kit.seed)
+        extra: dict[str, Any] = {"cols": x.k.shape[0]} if op == PREFILL else {}
+        check(full, _run_claim_call(kit, op, more), case, "300 keys appended past every window", **extra)
+        return
+    b, next_n = x.q.shape[:2]
+    for s in topk.sample_rows(b):
+        seq, rows = slice(s, s + 1), slice(s * next_n, (s + 1) * next_n)
+        alone = replace(x, q=x.q[seq], weights=x.weights[rows], context_lens=x.context_lens[seq],
+                        block_tables=x.block_tables[seq])
+        check(full, _run_claim_call(kit, op, alone), case, f"sequence {s} alone against the batch", rows)
+    longer = topk.appended_blocks(x, 2)
+    extra = {"cols": x.max_context_len} if op == PAGED else {}
+    check(full, _run_claim_call(kit, op, longer), case, "a longer max_context_len and block table (2 blocks past "
+                                                      "every row's length)", **extra)
+
+
+# -- memory (CUDA) ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", CLAIM_OPS)
+def test_topk_memory(kit: Kit, op: str) -> None:
+    """Peak extra device memory (``torch.cuda.max_memory_allocated`` after a reset, less the inputs and
+    outputs) stays within the workspace bound, at a shape whose full logits are 16x that bound."""
+    kit.require(op)
+    if kit.device.type != "cuda":
+        pytest.skip(f"peak memory is measured with torch.cuda.max_memory_allocated; {kit.device} has no such "
+                    "counter (run the kit with --mqa-device cuda)")
+    workspace = 16 << 20
+    provider = kit.provider(op)
+    if op == topk.PER_ROW:
+        m, n = 512, 131072
+        logits = torch.randn(m, n, device=kit.device)
+        ks = torch.zeros(m, dtype=torch.int32, device=kit.device)
+        ke = torch.full((m,), n, dtype=torch.int32, device=kit.device)
+        args: tuple[Any, ...] = (logits, ks, ke)
+        problem = Problem(m, n, 1, 1)
+    elif op == topk.TOPK:
+        m, n = 512, 131072
+        h, d = _topk_hd(kit, op, m, n)
+        problem = Problem(m, n, h, d)
+        args = topk.random_prefill(kit.draw, problem, window="causal").args()
+    else:
+        if kit.pair[0] != kit.pair[1]:
+            pytest.skip("the paged cache holds q's fp8 flavour: mixed pairs are a prefill matter")
+        batch, next_n, ctx = 64, 2, 32768
+        h, d = _topk_hd(kit, op, batch * next_n, ctx)
+        problem = Problem(batch * next_n, ctx, h, d)
+        from .data import make_paged_inputs
+
+        args = make_paged_inputs(batch, next_n, h, d, ctx, seed=kit.seed, dtype=kit.dtypes[0],
+                                 device=kit.device).args()
+    case = _claims_case(kit, op, f"peak extra memory within workspace_bytes={workspace}", problem)
+    k = 2048
+    topk.call_topk(provider, op, args, k, return_values=True, workspace_bytes=workspace)  # compile, caches
+    torch.cuda.synchronize(kit.device)
+    torch.cuda.reset_peak_memory_stats(kit.device)
+    base = torch.cuda.memory_allocated(kit.device)
+    idx, vals = topk.call_topk(provider, op, args, k, return_values=True, workspace_bytes=workspace)
+    torch.cuda.synchronize(kit.device)
+    peak = torch.cuda.max_memory_allocated(kit.device) - base - idx.untyped_storage().nbytes() \
+        - vals.untyped_storage().nbytes()
+    full = problem.m * problem.n * 4
+    assert peak <= workspace, (f"{case}: peak extra memory {peak / 2**20:.1f} MiB exceeds the workspace bound "
+                               f"{workspace / 2**20:.0f} MiB (the full logits would be {full / 2**20:.0f} MiB)")

@@ -59,9 +59,9 @@ def explain_with(arch: str, *, op: str = "fp8_mqa_logits", problem: Problem | No
 
 def spec_named(ref: str) -> ProviderSpec | None:
     """The installed provider ``ref`` names (``name`` or ``distribution:name``, as ``MQA_PROVIDER``
-    takes them); None when none does. A bare name two distributions claim raises ValueError naming
-    both (pass ``distribution:name``)."""
-    found = [s for s in registry.state().discovery.specs if names_provider(ref, s.distribution, s.name)]
+    takes them), the core's ``composed`` provider included; None when none does. A bare name two
+    distributions claim raises ValueError naming both (pass ``distribution:name``)."""
+    found = [s for s in registry.all_specs() if names_provider(ref, s.distribution, s.name)]
     if len(found) > 1:
         raise ValueError(f"provider name {ref!r} is claimed by {' and '.join(s.id for s in found)}: name one "
                          "as distribution:name")
@@ -69,7 +69,8 @@ def spec_named(ref: str) -> ProviderSpec | None:
 
 
 def installed_names() -> list[str]:
-    return [s.name for s in registry.state().discovery.specs]
+    """The installed providers' names, and ``composed`` (the core's own provider of the fused top-k ops)."""
+    return [s.name for s in registry.all_specs()]
 
 
 def usable_providers(arch: str, ops: Sequence[str] = OPS) -> list[str]:

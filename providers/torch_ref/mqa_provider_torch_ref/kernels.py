@@ -77,7 +77,8 @@ class TorchRefKernels:
 
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
                        weights: torch.Tensor, cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor,
-                       *, clean_logits: bool = True, logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                       *, clean_logits: bool = True, logits_dtype: torch.dtype = torch.float32,
+                       _budget: int | None = None) -> torch.Tensor:
         """Exact float32 logits, rounded once to ``logits_dtype`` (bfloat16: as each chunk is stored).
         FP4 inputs (``q = (values, scales)``, ``kv = (k values, k scales)``) are decoded exactly to
         float32 first (``mqa_core.fp4``); they have no key scale."""
@@ -94,7 +95,7 @@ class TorchRefKernels:
             return out
         ks = cu_seqlen_ks.long().clamp(0, n)
         ke = cu_seqlen_ke.long().clamp(0, n)
-        rc, cols = chunk_sizes(m, h, d, n, memory_bound_bytes())
+        rc, cols = chunk_sizes(m, h, d, n, _budget or memory_bound_bytes())
         ks_host, ke_host = ks.tolist(), ke.tolist()  # one sync: chunk spans are host decisions
         for r0 in range(0, m, rc):
             r1 = min(m, r0 + rc)
@@ -108,7 +109,7 @@ class TorchRefKernels:
     def fp8_paged_mqa_logits(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor,
                              max_context_len: int, *, clean_logits: bool = True,
-                             logits_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                             logits_dtype: torch.dtype = torch.float32, _budget: int | None = None) -> torch.Tensor:
         """Per sequence, keys gathered through the block table in column chunks. Strided page pools
         are read in place (views, no copy of the pool); 2-D lengths may take any values; a position
         whose block id is outside [0, num_blocks) is -inf and its block is never read."""
@@ -128,7 +129,7 @@ class TorchRefKernels:
         covered = min(max_context_len, block_tables.shape[1] * block_size)
         ke = visible_lengths(context_lens, next_n).clamp(0, covered)
         zero = torch.zeros_like(ke)
-        rc, cols = chunk_sizes(next_n, h, d, covered, memory_bound_bytes())
+        rc, cols = chunk_sizes(next_n, h, d, covered, _budget or memory_bound_bytes())
         ke_host = ke.tolist()
         for bi in range(b):
             rows = slice(bi * next_n, (bi + 1) * next_n)
@@ -187,9 +188,13 @@ class TorchRefKernels:
         core's chunk loop, :func:`mqa_core.composed.chunked_prefill_topk`)."""
         from mqa_core.composed import chunked_prefill_topk
 
+        # A chunk's logits take half the workspace; while they are computed the selection's half is free,
+        # so the scoring's own temporaries get that half (not MQA_TORCH_REF_MEMORY_MB).
+        scratch = max(1, workspace_bytes - workspace_bytes // 2)
+
         def logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, ks: torch.Tensor,
                    ke: torch.Tensor) -> torch.Tensor:
-            return self.fp8_mqa_logits(q, kv, w, ks, ke)
+            return self.fp8_mqa_logits(q, kv, w, ks, ke, _budget=scratch)
 
         return chunked_prefill_topk(logits, self._select, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, topk,
                                     positions, return_values, workspace_bytes)
@@ -201,9 +206,11 @@ class TorchRefKernels:
         """The paged logits, then the selection, a chunk of whole sequences at a time."""
         from mqa_core.composed import chunked_paged_topk
 
+        scratch = max(1, workspace_bytes - workspace_bytes // 2)  # as for prefill
+
         def logits(q: torch.Tensor, kv_cache: torch.Tensor, w: torch.Tensor, lens: torch.Tensor,
                    tables: torch.Tensor, max_len: int, schedule: torch.Tensor | None) -> torch.Tensor:
-            return self.fp8_paged_mqa_logits(q, kv_cache, w, lens, tables, max_len)
+            return self.fp8_paged_mqa_logits(q, kv_cache, w, lens, tables, max_len, _budget=scratch)
 
         return chunked_paged_topk(logits, self._select, q, kv_cache, weights, context_lens, block_tables,
                                   max_context_len, topk, schedule, return_values, workspace_bytes)
@@ -257,6 +264,7 @@ def select_rows(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: 
 
 
 def topk_rows_per_chunk(n: int, topk: int, budget: int) -> int:
-    """Rows whose selection temporaries (keys, sort values and indices, masks: ~40 bytes a cell)
-    fit ``budget`` bytes; at least one."""
-    return max(1, budget // max(1, 40 * max(n, 1) + 24 * topk))
+    """Rows whose selection temporaries fit ``budget`` bytes; at least one. Per cell: the float32 copy,
+    its int64 bits and keys, the masks, the sort's values and indices and their slices (about 65 bytes
+    measured on an H100 with torch's caching allocator): 96 allows for the allocator's rounding."""
+    return max(1, budget // max(1, 96 * max(n, 1) + 24 * topk))

@@ -1,0 +1,337 @@
+"""The indexer step in the core: argument checks before any kernel runs, the composed provider's chunk
+loops, MQA_PROVIDER and MQA_BATCH_INVARIANT for the top-k ops, result checks naming the provider."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from mqa_provider_torch_ref.kernels import TorchRefKernels
+
+import mqa_core
+from mqa_core import composed
+from mqa_core.errors import ProviderResultError, ProviderUnavailableError
+from mqa_core.testing import make_paged_inputs, make_prefill_inputs
+
+TOPK_OPS = ("fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row")
+
+
+def _prefill(m: int = 9, n: int = 300, h: int = 16, d: int = 64, seed: int = 0) -> tuple[Any, ...]:
+    return make_prefill_inputs(m, n, h, d, window="causal", seed=seed).args()
+
+
+def _packed(m: int = 12, n: int = 400) -> tuple[Any, ...]:
+    """A packed batch of three requests: each row sees a prefix of its own request's keys."""
+    q, kv, w, _, _ = make_prefill_inputs(m, n, 16, 64, seed=1).args()
+    starts = torch.tensor([0] * 4 + [150] * 4 + [290] * 4, dtype=torch.int32)
+    ends = starts + torch.tensor([40, 80, 120, 150, 30, 70, 100, 140, 20, 60, 90, 110], dtype=torch.int32)
+    return q, kv, w, starts, ends
+
+
+# -- clear errors before any kernel runs ---------------------------------------------------------------
+
+@pytest.fixture
+def no_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every torch_ref kernel (what serves the CPU, composed's parts included) raises if it runs."""
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a kernel ran")
+    for op in ("fp8_mqa_logits", "fp8_paged_mqa_logits", *TOPK_OPS):
+        monkeypatch.setattr(TorchRefKernels, op, boom)
+
+
+@pytest.mark.parametrize("change,error,text", [
+    ({"topk": 0}, ValueError, "topk must be at least 1"),
+    ({"topk": -3}, ValueError, "topk must be at least 1"),
+    ({"topk": 2.0}, TypeError, "topk must be an int; got float"),
+    ({"topk": True}, TypeError, "topk must be an int; got bool"),
+    ({"topk": 2**31}, ValueError, "below 2**31"),
+    ({"positions": "abs"}, ValueError, "positions must be one of 'relative', 'absolute'"),
+    ({"return_values": 1}, TypeError, "return_values must be a bool"),
+    ({"q": "float32"}, (TypeError, ValueError), "q"),
+    ({"ks": "int64"}, (TypeError, ValueError), "cu_seqlen_ks"),
+    ({"weights": "shape"}, (TypeError, ValueError), "weights"),
+    ({"ke": "meta"}, (TypeError, ValueError), "meta"),
+])
+def test_prefill_topk_refuses_bad_input_before_any_kernel(no_kernel: None, change: dict[str, Any], error: Any,
+                                                          text: str) -> None:
+    q, kv, w, ks, ke = _prefill()
+    kw: dict[str, Any] = {"topk": 8, "positions": "relative", "return_values": False}
+    for key in ("topk", "positions", "return_values"):
+        kw[key] = change.get(key, kw[key])
+    if change.get("q") == "float32":
+        q = q.float()
+    if change.get("ks") == "int64":
+        ks = ks.long()
+    if change.get("weights") == "shape":
+        w = w[:, :-1]
+    if change.get("ke") == "meta":
+        ke = ke.to("meta")
+    topk = kw.pop("topk")
+    with pytest.raises(error, match=text.replace("*", r"\*").replace("(", r"\(")):
+        mqa_core.fp8_mqa_topk(q, kv, w, ks, ke, topk, **kw)
+
+
+@pytest.mark.parametrize("change,error,text", [
+    ("topk0", ValueError, "topk must be at least 1"),
+    ("float16", (TypeError, ValueError), "logits"),
+    ("transposed", ValueError, "contiguous last dim"),
+    ("ks_shape", (TypeError, ValueError), "ks"),
+    ("ke_dtype", (TypeError, ValueError), "ke"),
+    ("positions", ValueError, "positions must be one of"),
+])
+def test_topk_per_row_refuses_bad_input_before_any_kernel(no_kernel: None, change: str, error: Any,
+                                                          text: str) -> None:
+    logits = torch.randn(6, 50)
+    ks, ke = torch.zeros(6, dtype=torch.int32), torch.full((6,), 50, dtype=torch.int32)
+    topk, positions = 4, "relative"
+    if change == "topk0":
+        topk = 0
+    elif change == "float16":
+        logits = logits.half()
+    elif change == "transposed":
+        logits = torch.randn(50, 6).t()
+    elif change == "ks_shape":
+        ks = ks[:-1]
+    elif change == "ke_dtype":
+        ke = ke.float()
+    else:
+        positions = "rel"
+    with pytest.raises(error, match=text):
+        mqa_core.topk_per_row(logits, ks, ke, topk, positions=positions)
+
+
+@pytest.mark.parametrize("change,error,text", [
+    ("topk0", ValueError, "topk must be at least 1"),
+    ("topk_str", TypeError, "topk must be an int"),
+    ("lens_dtype", (TypeError, ValueError), "context_lens"),
+    ("values", TypeError, "return_values must be a bool"),
+])
+def test_paged_topk_refuses_bad_input_before_any_kernel(no_kernel: None, change: str, error: Any, text: str) -> None:
+    q, cache, w, lens, tables, max_len = make_paged_inputs(2, 2, 16, 64, 200, seed=0).args()
+    topk: Any = 16
+    kw: dict[str, Any] = {}
+    if change == "topk0":
+        topk = 0
+    elif change == "topk_str":
+        topk = "16"
+    elif change == "lens_dtype":
+        lens = lens.float()
+    else:
+        kw["return_values"] = None
+    with pytest.raises(error, match=text):
+        mqa_core.fp8_paged_mqa_topk(q, cache, w, lens, tables, max_len, topk, **kw)
+
+
+def test_a_window_too_long_for_the_workspace_is_refused_before_any_kernel(no_kernel: None,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MQA_WORKSPACE_MB", "0.001")
+    mqa_core.reload()
+    q, kv, w, ks, ke = _prefill()
+    with pytest.raises(ValueError, match="raise MQA_WORKSPACE_MB"):
+        mqa_core.fp8_mqa_topk(q, kv, w, ks, ke, 8)
+    x = make_paged_inputs(2, 2, 16, 64, 2000, seed=0)
+    with pytest.raises(ValueError, match="raise MQA_WORKSPACE_MB"):
+        mqa_core.fp8_paged_mqa_topk(*x.args(), 8)
+
+
+# -- the composed provider: chunked equals unchunked equals torch_ref -------------------------------------
+
+def _provider(name: str, op: str, monkeypatch: pytest.MonkeyPatch) -> mqa_core.Provider:
+    monkeypatch.setenv("MQA_PROVIDER", name)
+    mqa_core.reload()
+    try:
+        return mqa_core.get_provider("cpu", op=op)
+    finally:
+        monkeypatch.delenv("MQA_PROVIDER")
+        mqa_core.reload()
+
+
+@pytest.mark.parametrize("positions", ["relative", "absolute"])
+@pytest.mark.parametrize("inputs", ["causal", "packed"])
+def test_composed_chunked_equals_unchunked_and_torch_ref(monkeypatch: pytest.MonkeyPatch, positions: str,
+                                                         inputs: str) -> None:
+    args = _prefill(m=12, n=400) if inputs == "causal" else _packed()
+    comp = mqa_core.get_provider("cpu", op="fp8_mqa_topk")
+    assert comp.name == "composed"
+    ref = _provider("torch_ref", "fp8_mqa_topk", monkeypatch)
+    assert ref.name == "torch_ref"
+    chunks: list[list[composed.Chunk]] = []
+    plan = composed.plan_prefill
+    monkeypatch.setattr(composed, "plan_prefill", lambda *a, **k: chunks.append(plan(*a, **k)) or chunks[-1])
+    tiny = 2 * 4 * 3 * (160 + 2 * 20)  # three rows of 160 keys (and their outputs) per chunk
+    small = comp.fp8_mqa_topk(*args, 20, positions=positions, return_values=True, workspace_bytes=tiny)
+    assert len(chunks[-1]) >= 3, chunks[-1]
+    n = args[1][0].shape[0]
+    assert any(c.lo > 0 or c.hi < n for c in chunks[-1]), chunks[-1]  # k sliced to the chunk's windows
+    whole = comp.fp8_mqa_topk(*args, 20, positions=positions, return_values=True)
+    assert len(chunks[-1]) == 1
+    exact = ref.fp8_mqa_topk(*args, 20, positions=positions, return_values=True)
+    for got in (small, whole):
+        assert torch.equal(got[0], exact[0]) and torch.equal(got[1], exact[1])
+    # the public op under a small MQA_WORKSPACE_MB takes the same chunks
+    monkeypatch.setenv("MQA_WORKSPACE_MB", str(tiny / 2**20))
+    mqa_core.reload()
+    public = mqa_core.fp8_mqa_topk(*args, 20, positions=positions, return_values=True)
+    assert len(chunks[-1]) >= 3 and torch.equal(public[0], exact[0]) and torch.equal(public[1], exact[1])
+
+
+def test_composed_paged_chunks_whole_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny workspace: chunks of whole sequences (each logits call sees next_n rows per sequence),
+    the result equal to the unchunked one and torch_ref's."""
+    x = make_paged_inputs(5, 2, 16, 64, 300, seed=4, lens_2d=True)
+    calls: list[tuple[int, int]] = []
+    real = TorchRefKernels.fp8_paged_mqa_logits
+
+    def spy(self: Any, q: torch.Tensor, cache: Any, w: torch.Tensor, *a: Any, **k: Any) -> torch.Tensor:
+        calls.append((q.shape[0], w.shape[0]))
+        return real(self, q, cache, w, *a, **k)
+    monkeypatch.setattr(TorchRefKernels, "fp8_paged_mqa_logits", spy)
+    comp = mqa_core.get_provider("cpu", op="fp8_paged_mqa_topk")
+    assert comp.name == "composed"
+    per_seq = 2 * (300 + 2 * 32) * 4
+    small = comp.fp8_paged_mqa_topk(*x.args(), 32, return_values=True, workspace_bytes=2 * 2 * per_seq)
+    assert len(calls) == 3 and all(w == 2 * b for b, w in calls) and [b for b, _ in calls] == [2, 2, 1], calls
+    calls.clear()
+    whole = comp.fp8_paged_mqa_topk(*x.args(), 32, return_values=True)
+    assert calls == [(5, 10)]
+    ref = _provider("torch_ref", "fp8_paged_mqa_topk", monkeypatch).fp8_paged_mqa_topk(*x.args(), 32,
+                                                                                        return_values=True)
+    for got in (small, whole):
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
+# -- MQA_PROVIDER and MQA_BATCH_INVARIANT for the top-k ops ------------------------------------------------
+
+def test_mqa_provider_rules_for_topk_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A logits-only provider: the fused ops go to composed, whose logits part is that provider.
+    monkeypatch.setenv("MQA_PROVIDER", "example_chunked")
+    mqa_core.reload()
+    p = mqa_core.get_provider("cpu", op="fp8_mqa_topk")
+    assert p.name == "composed"
+    q, kv, w, ks, ke = _prefill()
+    logits_p, select_p = composed.Composed._parts(q, "fp8_mqa_logits", None,
+                                                  mqa_core.Problem(9, 300, 16, 64))
+    assert logits_p.name == "example_chunked" and select_p.name == "torch_ref"
+    assert mqa_core.fp8_mqa_topk(q, kv, w, ks, ke, 8).shape == (9, 8)
+    assert mqa_core.get_provider("cpu", op="topk_per_row").name == "torch_ref"  # chosen by the other rules
+    # A provider that declares the op: that provider itself.
+    monkeypatch.setenv("MQA_PROVIDER", "torch_ref")
+    mqa_core.reload()
+    for op in TOPK_OPS:
+        assert mqa_core.get_provider("cpu", op=op).name == "torch_ref"
+    # composed by name: the fused ops; the other ops are chosen by the other rules (no warning).
+    monkeypatch.setenv("MQA_PROVIDER", "composed")
+    mqa_core.reload()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mqa_core.get_provider("cpu", op="fp8_mqa_topk").name == "composed"
+        assert mqa_core.get_provider("cpu", op="fp8_paged_mqa_topk").name == "composed"
+        assert mqa_core.get_provider("cpu", op="topk_per_row").name == "torch_ref"
+        assert mqa_core.fp8_mqa_topk(q, kv, w, ks, ke, 8).shape == (9, 8)
+    # A name not installed fails, for every top-k op, saying so.
+    monkeypatch.setenv("MQA_PROVIDER", "no_such_provider")
+    mqa_core.reload()
+    for op in TOPK_OPS:
+        with pytest.warns(RuntimeWarning, match="no_such_provider"), \
+                pytest.raises(ProviderUnavailableError, match="no_such_provider not installed"):
+            mqa_core.get_provider("cpu", op=op)
+        mqa_core.reload()
+
+
+NO_CLAIMS = '''
+from mqa_core import ProviderSpec, hookimpl
+
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name="unclaimed", ops={"fp8_mqa_logits", "fp8_paged_mqa_logits", "fp8_mqa_topk",
+                                              "fp8_paged_mqa_topk", "topk_per_row"},
+                         archs={"cpu"}, dtypes={"float8_e4m3fn"}, priority=500,
+                         load="mqa_provider_torch_ref.kernels:KERNELS")]
+'''
+
+
+def test_batch_invariant_setting_rejects_providers_without_the_claim(install_dist: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    install_dist("unclaimed-provider", "1.0", {"unclaimed_provider.py": NO_CLAIMS},
+                 entry_points={"mqa_core.providers": {"unclaimed": "unclaimed_provider"}})
+    ops = ("fp8_mqa_logits", "fp8_paged_mqa_logits", *TOPK_OPS)
+    for op in ops:  # without the setting, its priority wins
+        assert mqa_core.explain("cpu", op=op).chosen == "unclaimed", op
+    monkeypatch.setenv("MQA_BATCH_INVARIANT", "1")
+    mqa_core.reload()
+    for op in ops:
+        d = mqa_core.explain("cpu", op=op)
+        c = d.candidate("unclaimed")
+        assert not c.accepted and c.code == "claims", (op, c)
+        assert "MQA_BATCH_INVARIANT=1" in c.reason and "claims nothing" in c.reason
+        assert d.chosen == ("composed" if op in ("fp8_mqa_topk", "fp8_paged_mqa_topk") else "torch_ref"), (op, d)
+        assert d.candidate("torch_ref").claims == ("batch_invariant", "deterministic")
+        text = str(d)
+        assert "claims" in text and "batch-inv,det" in text, text
+    monkeypatch.setenv("MQA_PROVIDER", "unclaimed")
+    mqa_core.reload()
+    with pytest.raises(ProviderUnavailableError, match=r"\[claims\]|claims nothing"):
+        mqa_core.get_provider("cpu", op="fp8_mqa_topk")
+
+
+# -- result checks name the provider ---------------------------------------------------------------------
+
+BAD_RESULTS = '''
+import torch
+from mqa_core import ProviderSpec, hookimpl
+
+
+class Bad:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def topk_per_row(self, logits, ks, ke, topk, *, positions="relative", return_values=False, workspace_bytes=None):
+        m = logits.shape[0]
+        idx = torch.zeros(m, topk, dtype=torch.int32)
+        if self.kind == "dtype":
+            idx = idx.long()
+        elif self.kind == "shape":
+            idx = idx[:, :-1]
+        elif self.kind == "overlap":
+            idx = logits.view(torch.int32)[:, :topk]
+        elif self.kind == "values":
+            return idx, idx.float()[:, :-1]
+        elif self.kind == "tuple":
+            return idx
+        vals = torch.zeros(m, topk)
+        return idx, vals
+
+
+@hookimpl
+def mqa_providers():
+    return [ProviderSpec(name=f"bad_{k}", ops={"topk_per_row"}, archs={"cpu"}, dtypes={"float8_e4m3fn"},
+                         priority=-50, load=f"bad_results:{k.upper()}")
+            for k in ("dtype", "shape", "overlap", "values", "tuple")]
+
+
+DTYPE, SHAPE, OVERLAP, VALUES, TUPLE = (Bad(k) for k in ("dtype", "shape", "overlap", "values", "tuple"))
+'''
+
+
+@pytest.mark.parametrize("kind,text", [
+    ("dtype", "indices must be int32 [5, 4] on cpu; got int64"),
+    ("shape", "indices must be int32 [5, 4] on cpu; got int32 [5, 3]"),
+    ("overlap", "indices overlaps input logits in memory"),
+    ("values", "values must be float32 [5, 4]"),
+    ("tuple", "expected a tuple (indices, values or None); got Tensor"),
+])
+def test_wrong_results_name_the_provider(install_dist: Any, monkeypatch: pytest.MonkeyPatch, kind: str,
+                                         text: str) -> None:
+    install_dist("bad-results", "2.0", {"bad_results.py": BAD_RESULTS},
+                 entry_points={"mqa_core.providers": {"bad": "bad_results"}})
+    p = _provider(f"bad_{kind}", "topk_per_row", monkeypatch)
+    logits = torch.randn(5, 40)
+    ks, ke = torch.zeros(5, dtype=torch.int32), torch.full((5,), 40, dtype=torch.int32)
+    with pytest.raises(ProviderResultError) as info:
+        p.topk_per_row(logits, ks, ke, 4, return_values=kind == "values")
+    msg = str(info.value)
+    assert f"provider bad_{kind} (bad-results==2.0) returned a wrong result from topk_per_row" in msg, msg
+    assert text in msg, msg
