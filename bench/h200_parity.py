@@ -306,6 +306,11 @@ def _x(base: Any, ours: Any) -> str:
     return f"{base / ours:6.2f}x" if isinstance(base, float) and isinstance(ours, float) and ours > 0 else "      -"
 
 
+def _rows(rows: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> list[str]:
+    """One line per row: ``line(row)``, or what skipped it."""
+    return [f"  {r['shape']} skipped: {r['skipped']}" if "skipped" in r else line(r) for r in rows]
+
+
 def table(env: dict[str, Any], tests: list[dict[str, Any]], checks: list[dict[str, Any]],
           decode: list[dict[str, Any]], nn: list[dict[str, Any]]) -> str:
     lines = [f"== issue 35 parity: {env['device']}, torch {env['torch']}, triton {env['triton']}; {env['deepgemm']}",
@@ -317,30 +322,30 @@ def table(env: dict[str, Any], tests: list[dict[str, Any]], checks: list[dict[st
                      f"{c['-inf same']}, calc_diff fp32 {c['calc_diff fp32']:.2e} bf16 {c['calc_diff bf16']:.2e}")
     lines.append("decode H=64 D=128 block 64, graph replay, median us/call (x DG = DeepGEMM fp32 / ours):")
     lines.append("      B    ctx nn | ours f32 ours b16 |   DG f32   DG b16 |  f32 x  b16 x | b16/f32")
-    for r in decode:
-        if "skipped" in r:
-            lines.append(f"  {r['shape']} skipped: {r['skipped']}")
-            continue
+
+    def decode_line(r: dict[str, Any]) -> str:
         b, c, n = r["shape"]
         ratio = (f"{r['ours bf16'] / r['ours fp32']:6.2f}"
                  if isinstance(r.get("ours bf16"), float) and isinstance(r.get("ours fp32"), float) else "     -")
-        lines.append(f"  {b:5d} {c:6d} {n:2d} | {_us(r.get('ours fp32'))} {_us(r.get('ours bf16'))} | "
-                     f"{_us(r.get('DG fp32'))} {_us(r.get('DG bf16'))} | {_x(r.get('DG fp32'), r.get('ours fp32'))} "
-                     f"{_x(r.get('DG fp32'), r.get('ours bf16'))} | {ratio}")
+        return (f"  {b:5d} {c:6d} {n:2d} | {_us(r.get('ours fp32'))} {_us(r.get('ours bf16'))} | "
+                f"{_us(r.get('DG fp32'))} {_us(r.get('DG bf16'))} | {_x(r.get('DG fp32'), r.get('ours fp32'))} "
+                f"{_x(r.get('DG fp32'), r.get('ours bf16'))} | {ratio}")
+
+    lines += _rows(decode, decode_line)
     lines.append("next_n 3/4, graph replay, median us/call (x DG = best DeepGEMM / ours):")
     lines.append("      B    ctx nn   H |     ours    gluon   triton | DG native  DG flat |   x DG")
-    for r in nn:
-        if "skipped" in r:
-            lines.append(f"  {r['shape']} skipped: {r['skipped']}")
-            continue
+
+    def nn_line(r: dict[str, Any]) -> str:
         b, c, n, h = r["shape"]
         dgs = [v for v in (r.get("DG native"), r.get("DG flat")) if isinstance(v, float)]
         best_dg = min(dgs) if dgs else None
         best_ours = min([v for v in (r.get("ours"), r.get("gluon"), r.get("triton")) if isinstance(v, float)],
                         default=None)
-        lines.append(f"  {b:5d} {c:6d} {n:2d} {h:3d} | {_us(r.get('ours'))} {_us(r.get('gluon'))} "
-                     f"{_us(r.get('triton'))} | {_us(r.get('DG native'))} {_us(r.get('DG flat'))} | "
-                     f"{_x(best_dg, r.get('ours'))} (best ours {_x(best_dg, best_ours)})")
+        return (f"  {b:5d} {c:6d} {n:2d} {h:3d} | {_us(r.get('ours'))} {_us(r.get('gluon'))} "
+                f"{_us(r.get('triton'))} | {_us(r.get('DG native'))} {_us(r.get('DG flat'))} | "
+                f"{_x(best_dg, r.get('ours'))} (best ours {_x(best_dg, best_ours)})")
+
+    lines += _rows(nn, nn_line)
     why = sorted({f"{k}: {v}" for r in decode + nn for k, v in r.items() if k.endswith(" why") and v})
     if why:
         lines.append("not timed: " + "; ".join(why)[:1500])

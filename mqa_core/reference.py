@@ -6,6 +6,8 @@ something it does not share code with. Sizes are meant to be small (the [M, H, N
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -63,6 +65,37 @@ def visible_lengths(context_lens: torch.Tensor, next_n: int) -> torch.Tensor:
     return (context_lens.long()[:, None] - next_n + j[None, :] + 1).reshape(-1)
 
 
+def _paged_logits(q: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                  block_tables: torch.Tensor, max_context_len: int, blocks: int, block_size: int,
+                  keys: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+                  ) -> torch.Tensor:
+    """The loop of both paged oracles, over decoded values, by :func:`fp8_paged_mqa_logits_ref`'s rules:
+    ``q`` float64 ``[B, next_n, H, D]``; ``keys(blk, slot)`` the float64 ``[n, D]`` keys of the tokens
+    at (block id, slot) and their ``[n]`` scales, or None where the scales are in the values."""
+    b, next_n = q.shape[:2]
+    pos = torch.arange(max_context_len, device=q.device)
+    out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float64, device=q.device)
+    lens = visible_lengths(context_lens, next_n)
+    covered = min(max_context_len, block_tables.shape[1] * block_size)
+    for bi in range(b):
+        used = max(0, min(int(lens[bi * next_n: (bi + 1) * next_n].max()), covered))
+        if used == 0 or blocks == 0:  # nothing visible, or every block id is outside the pool: all -inf
+            continue
+        blk = block_tables[bi, pos[:used] // block_size].long()  # only blocks holding visible positions
+        ok = (blk >= 0) & (blk < blocks)
+        k, sc = keys(torch.where(ok, blk, 0), pos[:used] % block_size)
+        for j in range(next_n):
+            row = bi * next_n + j
+            n = int(min(int(lens[row]), used))
+            if n <= 0:
+                continue
+            res = weights[row].double() @ (q[bi, j] @ k[:n].T).clamp_min_(0)
+            if sc is not None:
+                res = res * sc[:n]
+            out[row, :n] = torch.where(ok[:n], res, float("-inf"))
+    return out
+
+
 def fp8_paged_mqa_logits_ref(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                              context_lens: torch.Tensor, block_tables: torch.Tensor,
                              max_context_len: int, fp8_dtype: torch.dtype = torch.float8_e4m3fn
@@ -73,30 +106,10 @@ def fp8_paged_mqa_logits_ref(q: torch.Tensor, kv_cache: torch.Tensor, weights: t
     the block table covers. A position whose block id is outside ``[0, num_blocks)`` is -inf: the
     documented answer of every provider, which never reads such a block.
     """
-    b, next_n, h, d = q.shape
     values, scales = split_paged_cache(kv_cache)
-    blocks, block_size = values.shape[0], values.shape[1]
-    pos = torch.arange(max_context_len, device=q.device)
-    out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float64, device=q.device)
-    lens = visible_lengths(context_lens, next_n)
-    covered = min(max_context_len, block_tables.shape[1] * block_size)
-    for bi in range(b):
-        used = max(0, min(int(lens[bi * next_n: (bi + 1) * next_n].max()), covered))
-        blk = block_tables[bi, pos[:used] // block_size].long()  # only blocks holding visible positions
-        ok = (blk >= 0) & (blk < blocks)
-        blk = torch.where(ok, blk, 0)
-        k = values[blk, pos[:used] % block_size].view(fp8_dtype).double() if blocks else \
-            torch.zeros(used, d, dtype=torch.float64, device=q.device)
-        sc = scales[blk, pos[:used] % block_size].double() if blocks else k[:, 0]
-        for j in range(next_n):
-            row = bi * next_n + j
-            n = int(min(int(lens[row]), used))
-            if n <= 0:
-                continue
-            s = (q[bi, j].double() @ k[:n].T).clamp_min_(0)
-            res = (weights[row].double() @ s) * sc[:n]
-            out[row, :n] = torch.where(ok[:n], res, float("-inf"))
-    return out
+    return _paged_logits(q.double(), weights, context_lens, block_tables, max_context_len,
+                         values.shape[0], values.shape[1],
+                         lambda blk, slot: (values[blk, slot].view(fp8_dtype).double(), scales[blk, slot].double()))
 
 
 # -- FP4 (mqa_core.spec.FP4: DeepGEMM's packed e2m1 with UE8M0 scales of 32) ------------------------
@@ -129,27 +142,11 @@ def fp4_paged_mqa_logits_ref(q: torch.Tensor, q_sf: torch.Tensor, kv_cache: torc
                              max_context_len: int) -> torch.Tensor:
     """[B * next_n, max_context_len] float64 over an FP4 page pool (per block ``block_size * D / 2``
     packed bytes, then one int32 of scales per token), with :func:`fp8_paged_mqa_logits_ref`'s rules."""
-    b, next_n, h, w = q.shape
+    w = q.shape[-1]
     blocks, block_size, _, w4 = kv_cache.shape
     stride = kv_cache.stride(0) if blocks > 1 else block_size * w4
     start = kv_cache.storage_offset()
     values = kv_cache.as_strided((blocks, block_size, w), (stride, w, 1), start)
     words = kv_cache.as_strided((blocks, block_size * 4), (stride, 1), start + block_size * w).view(torch.int32)
-    keys = fp4_values(values, words)  # [blocks, block_size, D]
-    qv = fp4_values(q, q_sf)  # [B, next_n, H, D]
-    pos = torch.arange(max_context_len, device=q.device)
-    out = torch.full((b * next_n, max_context_len), float("-inf"), dtype=torch.float64, device=q.device)
-    lens = visible_lengths(context_lens, next_n)
-    covered = min(max_context_len, block_tables.shape[1] * block_size)
-    for bi in range(b):
-        used = max(0, min(int(lens[bi * next_n: (bi + 1) * next_n].max()), covered))
-        blk = block_tables[bi, pos[:used] // block_size].long()
-        ok = (blk >= 0) & (blk < blocks)
-        k = keys[torch.where(ok, blk, 0), pos[:used] % block_size]
-        for j in range(next_n):
-            row = bi * next_n + j
-            n = int(min(int(lens[row]), used))
-            if n > 0:
-                res = weights[row].double() @ (qv[bi, j] @ k[:n].T).clamp_min_(0)
-                out[row, :n] = torch.where(ok[:n], res, float("-inf"))
-    return out
+    return _paged_logits(fp4_values(q, q_sf), weights, context_lens, block_tables, max_context_len, blocks,
+                         block_size, lambda blk, slot: (fp4_values(values[blk, slot], words[blk, slot]), None))

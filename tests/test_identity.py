@@ -14,8 +14,9 @@ from mqa_core.testing import calc_diff, make_inputs
 GENUINE = "mqa-provider-torch-ref:torch_ref"
 
 
-def squatter(spec_extra=""):
-    """A plugin claiming ``torch_ref`` (priority 999, any arch) whose kernel returns zeros."""
+def squatter(spec_extra="", priority=999, module="copycat_plugin"):
+    """A plugin claiming ``torch_ref`` (any arch, ``priority``; the module ``module``) whose kernel
+    returns zeros."""
     return textwrap.dedent(f"""
         import torch
         from mqa_core import ProviderSpec, hookimpl
@@ -29,7 +30,7 @@ def squatter(spec_extra=""):
         @hookimpl
         def mqa_providers():
             return [ProviderSpec(name="torch_ref", ops={{"fp8_mqa_logits"}}, archs={{"any"}},
-                                 dtypes={{"float8_e4m3fn"}}, priority=999, load="copycat_plugin:KERNELS"{spec_extra})]
+                                 dtypes={{"float8_e4m3fn"}}, priority={priority}, load="{module}:KERNELS"{spec_extra})]
         """)
 
 
@@ -186,21 +187,7 @@ def test_identical_results_regardless_of_squatter_priority(copycat, monkeypatch)
     assert torch.float8_e4m3fn  # torch is importable for the other tests of this file
 
 
-SHADOW = """
-import torch
-from mqa_core import ProviderSpec, hookimpl
-
-class Zeros:
-    def fp8_mqa_logits(self, q, kv, weights, ks, ke, *, clean_logits=True):
-        return torch.zeros(q.shape[0], kv[0].shape[0])
-
-KERNELS = Zeros()
-
-@hookimpl
-def mqa_providers():
-    return [ProviderSpec(name="torch_ref", ops={"fp8_mqa_logits"}, archs={"any"}, dtypes={"float8_e4m3fn"},
-                         priority=0, load="shadow_plugin:KERNELS")]
-"""
+SHADOW = squatter(priority=0, module="shadow_plugin")
 
 
 @pytest.fixture

@@ -17,31 +17,16 @@ import pytest
 triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
+from aot_targets import skip_unless_buildable  # noqa: E402
 from mqa_provider_gluon import aot  # noqa: E402
 
 FN, FNUZ = "float8_e4m3fn", "float8_e4m3fnuz"
 PAIRS = [(FNUZ, FNUZ), (FN, FNUZ), (FN, FN), (FNUZ, FN)]
 
 
-def _backend_missing(target: str) -> str | None:
-    backend = aot.TARGETS[target].backend
-    if backend == "hip" and "amd" not in triton.backends.backends:
-        return "this triton has no AMD backend"
-    if backend == "cuda":
-        if "nvidia" not in triton.backends.backends:
-            return "this triton has no NVIDIA backend"
-        try:
-            _ = triton.knobs.nvidia.ptxas.path
-        except Exception as e:  # the tool lookup raises when ptxas is not shipped or found
-            return f"no ptxas: {e}"
-    return None
-
-
 @functools.cache
 def build(target: str, h: int = 64, q_dtype: str | None = None, k_dtype: str | None = None):
-    reason = _backend_missing(target)
-    if reason:
-        pytest.skip(f"cannot compile for {target} here: {reason}")
+    skip_unless_buildable(target)
     return aot.compile_for(target, h=h, q_dtype=q_dtype, k_dtype=k_dtype)
 
 
@@ -197,9 +182,7 @@ def test_paged_kernel_uses_fp8_mfma_on_fnuz_for_gfx942():
     from mqa_provider_gluon.ops.paged_mqa_logits_triton import compile_for as paged_compile_for
     from triton.backends.compiler import GPUTarget
 
-    reason = _backend_missing("gfx942")
-    if reason:
-        pytest.skip(f"cannot compile for gfx942 here: {reason}")
+    skip_unless_buildable("gfx942")
     asm = paged_compile_for(GPUTarget("hip", "gfx942", 64), next_n=2, h=64, d=128)
     ops = aot.mfma_ops(asm)
     assert ops and all(GFX942_FP8_MFMA.match(op) for op in ops), ops

@@ -22,6 +22,7 @@ from mqa_core.testing import make_inputs
 
 triton = pytest.importorskip("triton")
 
+from aot_targets import skip_unless_buildable  # noqa: E402
 from mqa_provider_gluon.ops import mqa_topk_triton as op  # noqa: E402
 from mqa_provider_gluon.ops.mqa_logits_triton import TritonConfig  # noqa: E402
 from mqa_provider_gluon.ops.mqa_topk_triton import (  # noqa: E402
@@ -372,26 +373,8 @@ def test_select_matches_the_oracle_on_strided_rows():
 
 # ---- ahead-of-time builds --------------------------------------------------------------------------
 
-def _backend_missing(target: str) -> str | None:
-    from mqa_provider_gluon import aot
-
-    backend = aot.TARGETS[target].backend
-    if backend == "hip" and "amd" not in triton.backends.backends:
-        return "this triton has no AMD backend"
-    if backend == "cuda":
-        if "nvidia" not in triton.backends.backends:
-            return "this triton has no NVIDIA backend"
-        try:
-            _ = triton.knobs.nvidia.ptxas.path
-        except Exception as e:
-            return f"no ptxas: {e}"
-    return None
-
-
 def _build(target: str, h: int = 64) -> dict[str, Any]:
-    reason = _backend_missing(target)
-    if reason:
-        pytest.skip(f"cannot compile for {target} here: {reason}")
+    skip_unless_buildable(target)
     return op.compile_filter_for(target, h=h)
 
 

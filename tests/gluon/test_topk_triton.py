@@ -11,6 +11,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
+from aot_targets import skip_unless_buildable  # noqa: E402
 from mqa_provider_gluon.ops import topk_triton as op  # noqa: E402
 from mqa_provider_gluon.ops.topk_triton import TopkConfig, topk_per_row_triton, workspace_bytes  # noqa: E402
 
@@ -242,27 +243,9 @@ def test_bad_arguments_raise(interpret, bad):
 
 # ---- ahead of time: the sm_90 / gfx942 / gfx950 builds ---------------------------------------
 
-def _backend_missing(target: str) -> str | None:
-    from mqa_provider_gluon import aot
-
-    backend = aot.TARGETS[target].backend
-    if backend == "hip" and "amd" not in triton.backends.backends:
-        return "this triton has no AMD backend"
-    if backend == "cuda":
-        if "nvidia" not in triton.backends.backends:
-            return "this triton has no NVIDIA backend"
-        try:
-            _ = triton.knobs.nvidia.ptxas.path
-        except Exception as e:  # the tool lookup raises when ptxas is not shipped or found
-            return f"no ptxas: {e}"
-    return None
-
-
 @functools.cache
 def build(target: str, dtype: torch.dtype, topk: int):
-    reason = _backend_missing(target)
-    if reason:
-        pytest.skip(f"cannot compile for {target} here: {reason}")
+    skip_unless_buildable(target)
     return op.compile_for(target, dtype=dtype, topk=topk)
 
 

@@ -43,10 +43,12 @@ import torch
 from mqa_core.arch import arch_of_device as _arch_of_device
 from mqa_core.reference import visible_lengths
 
-from . import aiter_probe
+from . import aiter_probe, probe
 from .aiter_limits import CHUNK_K, block_size_ok
 
 FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+#: What the provider declares, for the refusal on another arch.
+_CLAIM = f"AITER's MQA-logits kernels are declared for {' and '.join(aiter_probe.ARCHS)}"
 #: (q, k) dtypes each arch takes (the spec's DECLARED, as torch dtypes). Prefill: AITER converts on
 #: gfx942; decode: converted here (the cache is bytes of q's flavour).
 PAIRS = {"gfx942": frozenset({(FNUZ, FNUZ), (FN, FNUZ), (FN, FN), (FNUZ, FN)}), "gfx950": frozenset({(FN, FN)})}
@@ -111,16 +113,8 @@ class AiterKernel:
 
     def _entries(self, device: torch.device) -> tuple[aiter_probe.Entries, str]:
         arch = self._arch_of_device(device)
-        if arch not in aiter_probe.ARCHS:
-            raise RuntimeError(f"aiter: AITER's MQA-logits kernels are declared for {' and '.join(aiter_probe.ARCHS)}; "
-                               f"the tensors are on {device} ({arch})")
-        reason = aiter_probe.check(arch)
-        if reason:
-            raise RuntimeError(f"aiter cannot run on {arch}: {reason}")
-        entries, why = aiter_probe.load_entries()
-        if entries is None:  # unreachable after a passing check, kept for a clear message
-            raise RuntimeError(f"aiter cannot run on {arch}: {why}")
-        return entries, arch
+        return probe.ready("aiter", arch, device, _CLAIM, aiter_probe.ARCHS, aiter_probe.check,
+                           aiter_probe.load_entries), arch
 
     def fp8_mqa_logits(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                        cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, *,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import probe
+from .probe import _err
 
 __all__ = ["ARCHS", "Entries", "check", "load_entries", "reset"]
 
@@ -55,11 +56,6 @@ class Entries:
     prefill: Callable[..., Any]
     paged: Callable[..., Any]
     paged_params: frozenset[str] = field(default_factory=frozenset)
-
-
-def _err(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def _has_file(location: str, candidates: tuple[tuple[str, str], ...], name: str) -> bool | None:
@@ -138,10 +134,7 @@ def _check(arch: str) -> str | None:
 def check(arch: str) -> str | None:
     """The ``aiter`` spec's runtime check: None when AITER can run both entries for ``arch``, else why
     not. Answers for what is installed, never for the local device."""
-    try:
-        return _check(arch)
-    except Exception as exc:  # a check must never take the process down
-        return f"aiter runtime check failed: {_err(exc)}"
+    return probe.guarded("aiter", _check, arch)
 
 
 def reset() -> None:

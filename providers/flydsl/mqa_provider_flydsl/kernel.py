@@ -33,6 +33,9 @@ from mqa_core.arch import arch_of_device as _arch_of_device
 
 from . import pairs, probe
 
+#: What the provider declares, for the refusal on another arch.
+_CLAIM = f"AITER's FlyDSL MQA-logits kernel runs on {' and '.join(probe.ARCHS)} GPUs"
+
 #: gfx950's auto-selected FlyDSL variants use the 32x32x64 atom: heads in tiles of 32.
 GFX950_HEAD_TILE = 32
 
@@ -104,15 +107,7 @@ class FlyDSLKernel:
                        *, clean_logits: bool = True) -> torch.Tensor:
         """logits[m, n] = k_scale[n] * sum_h weights[m, h] * relu(q[m, h] . k[n]) in the window."""
         arch = self._arch_of_device(q.device)
-        if arch not in probe.ARCHS:
-            raise RuntimeError(f"flydsl: AITER's FlyDSL MQA-logits kernel runs on "
-                               f"{' and '.join(probe.ARCHS)} GPUs; the tensors are on {q.device} ({arch})")
-        reason = probe.check(arch)
-        if reason:
-            raise RuntimeError(f"flydsl cannot run on {arch}: {reason}")
-        fn, why = probe.load_entry()
-        if fn is None:  # unreachable after a passing check, kept for a clear message
-            raise RuntimeError(f"flydsl cannot run on {arch}: {why}")
+        fn = probe.ready("flydsl", arch, q.device, _CLAIM, probe.ARCHS, probe.check, probe.load_entry)
         return call_flydsl(fn, arch, q, kv, weights, cu_seqlen_ks, cu_seqlen_ke,
                            clean_logits=clean_logits, stream=self._stream_of(q.device))
 

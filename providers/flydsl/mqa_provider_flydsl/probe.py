@@ -37,10 +37,10 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["ARCHS", "ENTRY", "FLYDSL_MIN", "Installed", "check", "entry_source", "gfx950_reason",
-           "flydsl_installed", "installed", "load_entry", "needs_flydsl", "reset"]
+           "flydsl_installed", "guarded", "installed", "load_entry", "needs_flydsl", "ready", "reset"]
 
 #: The archs AITER builds the kernel for.
 ARCHS = ("gfx942", "gfx950")
@@ -263,10 +263,35 @@ def check(arch: str) -> str | None:
     Answers for what is installed, never for the local device, so ``mqa explain --arch gfx950``
     on any machine tells whether this environment would serve gfx950.
     """
+    return guarded("flydsl", _check, arch)
+
+
+def guarded(name: str, check_: Callable[[str], str | None], arch: str) -> str | None:
+    """``check_(arch)``, or why it raised: a provider's check must never take the process down.
+    Shared by the ``flydsl`` and ``aiter`` providers' checks (``name`` says whose)."""
     try:
-        return _check(arch)
-    except Exception as exc:  # a check must never take the process down
-        return f"flydsl runtime check failed: {_err(exc)}"
+        return check_(arch)
+    except Exception as exc:
+        return f"{name} runtime check failed: {_err(exc)}"
+
+
+_T = TypeVar("_T")
+
+
+def ready(name: str, arch: str, device: Any, claim: str, archs: tuple[str, ...],
+          check_: Callable[[str], str | None], load: Callable[[], tuple[_T | None, str | None]]) -> _T:
+    """What an adapter runs before a launch on ``device`` (of ``arch``): ``load()``'s entry, or a
+    RuntimeError that says why not: ``arch`` outside ``archs`` (``claim`` says what the provider
+    declares), ``check_(arch)``'s reason, or the load's. Shared by both providers' kernel objects."""
+    if arch not in archs:
+        raise RuntimeError(f"{name}: {claim}; the tensors are on {device} ({arch})")
+    reason = check_(arch)
+    if reason:
+        raise RuntimeError(f"{name} cannot run on {arch}: {reason}")
+    entry, why = load()
+    if entry is None:  # unreachable after a passing check, kept for a clear message
+        raise RuntimeError(f"{name} cannot run on {arch}: {why}")
+    return entry
 
 
 def reset() -> None:
