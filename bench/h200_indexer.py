@@ -27,6 +27,12 @@ during one call, beyond the inputs and the call's output (MiB). Inputs: ``rand``
 untrained case) and ``peak`` (a few dominant keys and a recency ramp in k_scale, as trained indexers
 give). Prints one JSON line per row as it goes and a short table last; ``--out`` keeps both.
 ``--smoke`` runs every column that can run on the CPU at tiny sizes (torch_ref, composed).
+
+``--select`` times the selection alone, on each shape's dense logits (``rand`` inputs): ``torch.topk``,
+FlashInfer, and the Triton radix select under each ``--variants`` launch config (``TopkConfig``
+fields, ``+``-joined, e.g. ``separate=1+prefetch=1``; ``default`` is the shipped one). Every variant
+must give the default's positions bit for bit. ``--profile`` prints the CUDA kernels of one
+``composed`` call per shape (torch.profiler), to see where its time goes.
 """
 
 from __future__ import annotations
@@ -326,6 +332,81 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+VARIANTS = "default,prefetch=1,separate=1,separate=1+prefetch=1,split_target=1,split_target=1024,block=1024+num_warps=4"
+
+
+def topk_config(spec: str) -> Any:
+    """``"default"`` or ``"field=value+field=value"`` -> a TopkConfig (ints; 0/1 for the bools)."""
+    from mqa_provider_gluon.ops.topk_triton import TopkConfig
+
+    if spec == "default":
+        return TopkConfig()
+    kw = dict(kv.split("=") for kv in spec.split("+"))
+    return TopkConfig(**{k: (bool(int(v)) if k in ("separate", "prefetch") else int(v)) for k, v in kw.items()})
+
+
+def select_row(s: Shape, variants: list[str], fi: Any, device: torch.device, reps: int,
+               smoke: bool) -> dict[str, Any]:
+    """The selection alone on one shape's dense logits: torch.topk, FlashInfer, each variant."""
+    import functools
+
+    from mqa_provider_gluon.ops.topk_triton import topk_per_row_triton
+
+    x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, "rand", device)
+    logits, ks, ke = dense_logits(s, x, smoke)
+    ks, ke = ks.int(), ke.int()
+    calls: dict[str, Callable[[], Any]] = {"torch.topk": functools.partial(top, logits, s.topk)}
+    if fi is not None:
+        calls["FI"] = functools.partial(fi.top_k_ragged_transform, logits, ks, (ke - ks).clamp(min=0).int(), s.topk,
+                                        deterministic=True, tie_break=1, row_starts=ks,
+                                        dsa_graph_safe=s.kind == "decode")
+    for v in variants:
+        calls[v] = functools.partial(topk_per_row_triton, logits, ks, ke, s.topk, positions="absolute",
+                                     config=topk_config(v))
+    row: dict[str, Any] = {"shape": s.name}
+    want = None
+    for name, call in calls.items():
+        got = call()
+        if name in variants:
+            want = got if want is None else want
+            row[f"{name} same"] = bool(torch.equal(got, want))
+        if s.kind == "decode" and device.type == "cuda":
+            ms, _ = replay_ms(call, device)
+        else:
+            call()
+            ms = event_ms(call, device, reps)
+        row[f"{name} ms"] = None if ms is None else round(ms, 4)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def select_table(rows: list[dict[str, Any]], variants: list[str]) -> str:
+    names = ["torch.topk", "FI", *variants]
+    lines = [f"{'select ms':24} " + " ".join(f"{n[:22]:>22}" for n in names)]
+    for r in rows:
+        cells = []
+        for n in names:
+            ms = r.get(f"{n} ms")
+            mark = "" if r.get(f"{n} same", True) else " DIFF"
+            cells.append(f"{('-' if ms is None else ms)!s:>17}{mark:>5}")
+        lines.append(f"{r['shape']:24} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool) -> None:
+    """The CUDA kernels of one ``composed`` call, by total time (the first 12)."""
+    x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, "rand", device)
+    call = columns(s, x, None, None, smoke)["composed"]
+    call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
+                                            torch.profiler.ProfilerActivity.CPU]) as prof:
+        call()
+        torch.cuda.synchronize()
+    print(f"profile: composed {s.name}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -336,6 +417,9 @@ def main() -> None:
     ap.add_argument("--kinds", default=",".join(KINDS), help="input kinds: rand, peak")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (torch_ref)")
+    ap.add_argument("--select", action="store_true", help="time the selection alone, under --variants")
+    ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
+    ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one composed call a shape")
     args = ap.parse_args()
     smoke = args.smoke or not torch.cuda.is_available()
     device = torch.device("cpu" if smoke else "cuda")
@@ -348,6 +432,18 @@ def main() -> None:
         print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     wanted = [w for w in args.only.split(",") if w]
     shapes = [s for s in (SMOKE if smoke else SHAPES) if not wanted or any(w in s.name for w in wanted)]
+    if args.profile and device.type == "cuda":
+        for s in shapes:
+            profile(s, dg, fi, device, smoke)
+        return
+    if args.select:
+        variants = args.variants.split(",")
+        text = select_table([select_row(s, variants, fi, device, args.reps, smoke) for s in shapes], variants)
+        print(text)
+        if args.out:
+            with open(os.path.join(args.out, "select.txt"), "w") as f:
+                f.write(text + "\n")
+        return
     rows, t0 = [], time.perf_counter()
     out = open(os.path.join(args.out, "rows.jsonl"), "w") if args.out else None
     for s in shapes:

@@ -103,6 +103,44 @@ def test_long_rows_take_the_candidate_path(interpret, dtype, topk):
     check(x, ks, ke, topk)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_split_filter_gives_the_unsplit_result(interpret, dtype):
+    """Few long rows (decode): each window is filtered in segments by their own programs, then
+    gathered in segment order; ragged windows, a tie-heavy row that overflows (whole-window
+    fallback) and an empty one in the batch. The result is the reference's, whatever the split."""
+    n, topk = 9000, 100
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(4, n, generator=g).to(dtype)
+    x[2] = torch.randint(0, 2, (n,), generator=g).to(dtype)  # ties: the guess overflows CAP
+    ks = torch.tensor([0, 700, 0, 50], dtype=torch.int32)
+    ke = torch.tensor([n, 8123, n, 50], dtype=torch.int32)
+    cfg = TopkConfig(block=256, num_warps=4, split_target=64)
+    assert op.plan(4, n, topk, cfg).split == 8
+    full, _ = check(x, ks, ke, topk, config=cfg)
+    for other in (TopkConfig(block=256, num_warps=4, split_target=1),  # the select kernel filters
+                  TopkConfig(block=256, num_warps=4, split_target=1, prefetch=True),
+                  TopkConfig(block=256, num_warps=4, split_target=1, separate=True)):  # one segment
+        assert op.plan(4, n, topk, other).split == (1 if other.separate else 0)
+        assert torch.equal(run(x, ks, ke, topk, config=other)[0], full)
+
+
+def test_segments_hold_the_candidates_in_position_order(interpret):
+    """The split filter's segment lists, concatenated, are the candidates in ascending position order."""
+    n, topk = 9000, 64
+    x = torch.randn(1, n, generator=torch.Generator().manual_seed(4))
+    cfg = TopkConfig(block=256, num_warps=4, split_target=16)
+    p = op.plan(1, n, topk, cfg)
+    ws = torch.full((workspace_bytes(1, n, topk, config=cfg),), 255, dtype=torch.uint8)
+    topk_per_row_triton(x, torch.tensor([0], dtype=torch.int32), torch.tensor([n], dtype=torch.int32), topk,
+                        workspace=ws, config=cfg)
+    counts = ws[-p.split * 4:].view(torch.int32).tolist()
+    segs = ws[p.cap * 4:p.cap * 4 * (1 + p.split)].view(torch.int32).view(p.split, p.cap)
+    cand = torch.cat([segs[i, :c] for i, c in enumerate(counts)])
+    assert p.split == 8 and all(c > 0 for c in counts) and topk <= len(cand) <= p.cap
+    assert bool((cand.diff() > 0).all())
+    assert torch.equal(cand, ws[:len(cand) * 4].view(torch.int32))  # gathered as they are
+
+
 def test_candidates_really_fill_the_workspace(interpret):
     """Random rows fit the guess: the workspace holds candidate positions in ascending order."""
     n, topk = 6000, 64
@@ -191,7 +229,7 @@ def test_row_stride_and_extra_columns(interpret):
     assert torch.equal(alone[0], full[2])
     also_wide, _ = run(wide[2:3], ks[2:3].clone(), ke[2:3].clone(), topk)
     assert torch.equal(also_wide[0], full[2])
-    for cfg in (SMALL, TopkConfig(block=1024, num_warps=8, max_programs=1)):
+    for cfg in (SMALL, TopkConfig(block=1024, num_warps=8, max_programs=1), TopkConfig(separate=True, prefetch=True)):
         assert torch.equal(run(x, ks, ke, topk, config=cfg)[0], full)
 
 
@@ -220,7 +258,12 @@ def test_workspace_is_a_function_of_the_shape():
     cap = op.plan(8, 131072, 2048).cap
     assert cap == 8192
     assert workspace_bytes(8, 8192, 2048) == 0  # every window fits CAP: no filter, no workspace
-    assert workspace_bytes(8, 131072, 2048) == 8 * cap * 8
+    assert op.plan(8, 131072, 2048).split == 16  # 256 // 8 = 32 programs a row, at most one per 4 blocks
+    assert workspace_bytes(8, 131072, 2048) == 8 * cap * 8 + 8 * 16 * (cap * 8 + 4)
+    assert op.plan(300, 131072, 2048).split == 0 and op.plan(8, 8192, 2048).split == 0
+    assert workspace_bytes(8, 131072, 2048, config=TopkConfig(split_target=8)) == 8 * cap * 8
+    assert op.plan(300, 131072, 2048, TopkConfig(separate=True)).split == 1
+    assert workspace_bytes(300, 131072, 2048, config=TopkConfig(separate=True)) == 300 * cap * 8 * 2 + 300 * 4
     assert workspace_bytes(4096, 131072, 2048) == 512 * cap * 8
     assert workspace_bytes(4096, 131072, 2048, torch.bfloat16) == 512 * cap * 6
     assert workspace_bytes(0, 131072, 2048) == 0
@@ -244,27 +287,33 @@ def test_bad_arguments_raise(interpret, bad):
 # ---- ahead of time: the sm_90 / gfx942 / gfx950 builds ---------------------------------------
 
 @functools.cache
-def build(target: str, dtype: torch.dtype, topk: int):
+def build(target: str, dtype: torch.dtype, topk: int, name: str = "select", split: int = 0):
     skip_unless_buildable(target)
-    return op.compile_for(target, dtype=dtype, topk=topk)
+    return op.compile_for(target, dtype=dtype, topk=topk, name=name, split=split)
+
+
+# the select kernel filtering itself, the one gathering 16 segments, and the segment filter
+KERNELS = [("select", 0), ("select", 16), ("filter", 16)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("topk", [512, 2048])
-def test_sm90_build_has_no_spills(dtype, topk):
+@pytest.mark.parametrize("name,split", KERNELS)
+def test_sm90_build_has_no_spills(dtype, topk, name, split):
     from mqa_provider_gluon import aot
 
-    facts = aot.sass_facts(build("sm_90", dtype, topk))
+    facts = aot.sass_facts(build("sm_90", dtype, topk, name, split))
     assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
     assert facts.registers <= 128, facts  # two 8-warp programs per SM
 
 
 @pytest.mark.parametrize("target", ["gfx942", "gfx950"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_amd_build_has_no_vgpr_spills(target, dtype):
+@pytest.mark.parametrize("name,split", KERNELS)
+def test_amd_build_has_no_vgpr_spills(target, dtype, name, split):
     from mqa_provider_gluon import aot
 
-    facts = aot.amd_facts(build(target, dtype, 2048))
+    facts = aot.amd_facts(build(target, dtype, 2048, name, split))
     assert facts.vgpr_spills == 0 and facts.scratch_bytes == 0, facts
 
 
@@ -292,7 +341,8 @@ def _gpu_reference(x: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: in
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m,n,topk,prefill", [(4096, 131072, 2048, True), (4096, 131072, 512, True),
-                                              (128, 131072, 2048, False), (64, 65536, 2048, False)])
+                                              (128, 131072, 2048, False), (64, 65536, 2048, False),
+                                              (8, 131072, 2048, False), (8, 131072, 512, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_large_matches_reference(m, n, topk, prefill, dtype):
     g = torch.Generator(device="cuda").manual_seed(m + topk)
@@ -313,6 +363,22 @@ def test_gpu_large_matches_reference(m, n, topk, prefill, dtype):
     assert torch.equal(out, again)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m", [4096, 8, 1])
+def test_gpu_configs_agree(m):
+    """Every launch knob gives the default's result, bit for bit, at size."""
+    n, topk = 131072, 2048
+    x = torch.randn(m, n, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
+    x[0, 5000:9000] = 3.0  # ties inside the top-k
+    ks = torch.zeros(m, dtype=torch.int32, device="cuda")
+    ke = torch.full((m,), n, dtype=torch.int32, device="cuda") - torch.arange(m, dtype=torch.int32, device="cuda")
+    want = topk_per_row_triton(x, ks, ke, topk)
+    for cfg in (TopkConfig(prefetch=True), TopkConfig(separate=True), TopkConfig(split_target=1),
+                TopkConfig(split_target=1024), TopkConfig(block=1024, num_warps=4)):
+        assert torch.equal(topk_per_row_triton(x, ks, ke, topk, config=cfg), want), cfg
+
+
 @pytest.mark.parametrize("n,topk", [(40000, 4096), (20000, 5000)])
 def test_large_topk(interpret, n, topk):
     """topk 4096 with a sampled threshold (CAP 16384 < N), and topk 5000 with every window within CAP."""
@@ -326,4 +392,6 @@ def test_the_compiled_kernel_knows_its_constexprs():
     from mqa_provider_gluon.ops.topk_triton import kernel
 
     constexprs = {p.name for p in kernel(interpret=False).params if p.is_constexpr}
-    assert {"CAP", "SAMPLE", "BLOCK", "TAIL", "ABSOLUTE", "VALUES"} <= constexprs
+    assert {"CAP", "SAMPLE", "BLOCK", "TAIL", "ABSOLUTE", "VALUES", "SPLIT"} <= constexprs
+    constexprs = {p.name for p in kernel(interpret=False, name="filter").params if p.is_constexpr}
+    assert {"CAP", "SAMPLE", "BLOCK", "SPLIT"} <= constexprs

@@ -18,6 +18,11 @@ strides over the rows, so a row's result depends on nothing but its own data and
    candidates hold every key >= the K-th largest key, so the rest runs on them alone. Otherwise the
    guess was wrong (tie-heavy or adversarial rows) and the rest runs on the whole window: slower,
    just as exact.
+   **Few rows** (decode: M below ``TopkConfig.split_target``): a separate filter kernel cuts each
+   long window into ``split`` segments, one program each (same sample, same ``t_lo``), and writes
+   each segment's candidates and count; the select kernel gathers the lists in segment order (the
+   unsplit list, position order kept) and goes on as below. One row then streams through up to
+   ``split`` SMs instead of one. ``TopkConfig.separate`` uses the filter kernel for every shape.
 3. **Radix select** over the source (candidates or window): four 8-bit histogram passes
    (``tl.histogram``, masked to the prefix found so far) give the K-th largest key ``T`` and
    ``need``, how many keys equal to ``T`` to take.
@@ -35,7 +40,8 @@ power of two (>= 2048), when the guess holds (random-like rows always; tie-heavy
   (Triton's ballot histogram) on ``4c + 2*SAMPLE`` elements.
 - Fallback: ``5 * W * E`` read (4 radix passes + compaction over the window) plus the filter's read.
 
-Workspace: ``programs * CAP * (4 + E)`` bytes (see :func:`workspace_bytes`), none when N <= CAP.
+Workspace: ``programs * CAP * (4 + E)`` bytes, plus ``M * split * (CAP * (4 + E) + 4)`` with the
+filter kernel (see :func:`workspace_bytes`), none when N <= CAP.
 No atomics; no host sync; the grid depends only on (M, N, topk) and the launch knobs.
 """
 
@@ -66,11 +72,21 @@ class TopkConfig:
     num_warps: int = 8
     #: Programs in the grid at most; each strides over rows ``pid, pid + P, ...`` with its own workspace.
     max_programs: int = 512
+    #: Programs the filter aims at when rows are few (decode): a window longer than CAP is cut into
+    #: ``split = split_target // M`` segments (at most one per 4 blocks), each filtered by its own
+    #: program, so a batch of 1-64 long rows streams through many SMs instead of 1-64.
+    split_target: int = 256
+    #: Filter every long window in the separate filter kernel (80 registers, prefetching, three
+    #: programs per SM), not only split ones: the select kernel then only gathers and selects.
+    separate: bool = False
+    #: The select kernel's own filter loads the next block before compacting this one (181 registers
+    #: on sm_90, so one 8-warp program per SM, against two without).
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
-        for k in ("block", "num_warps", "max_programs"):
+        for k in ("block", "num_warps", "max_programs", "split_target"):
             v = getattr(self, k)
-            if v < 1 or (k != "max_programs" and v & (v - 1)):
+            if v < 1 or (k not in ("max_programs", "split_target") and v & (v - 1)):
                 raise ValueError(f"TopkConfig.{k} must be a positive power of two, got {v}")
         if not 256 <= self.block <= 32768:  # the compaction packs two block counts in an int32
             raise ValueError(f"TopkConfig.block must be in [256, 32768], got {self.block}")
@@ -79,8 +95,8 @@ class TopkConfig:
 _DEFAULT = TopkConfig()
 
 
-class TopkPlan(tuple[int, int, int]):
-    """(programs, CAP, SAMPLE) for a call shape; see :func:`plan`."""
+class TopkPlan(tuple[int, int, int, int]):
+    """(programs, CAP, SAMPLE, split) for a call shape; see :func:`plan`."""
 
     __slots__ = ()
 
@@ -96,27 +112,46 @@ class TopkPlan(tuple[int, int, int]):
     def sample(self) -> int:
         return self[2]
 
+    @property
+    def split(self) -> int:
+        """Segments the filter kernel cuts a long window into (0: the select kernel filters it)."""
+        return self[3]
+
 
 def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
-    """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size.
+    """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size, split.
 
     CAP = 4*topk rounded up to a power of two (>= 2048): the threshold guess aims at CAP/2
     candidates, so a sample estimate off by 2x either way still fits. SAMPLE (a power of two,
-    256..min(8192, CAP)) puts >= 64 sample keys above the guess for windows up to N."""
+    256..min(8192, CAP)) puts >= 64 sample keys above the guess for windows up to N. ``split``
+    segments per long window when rows are fewer than ``config.split_target`` (each at least 4
+    blocks). None of these changes the result."""
     cap = max(2048, triton.next_power_of_2(4 * max(topk, 1)))
     sample = max(256, min(8192, cap, triton.next_power_of_2(-(-128 * max(n, 1) // cap))))
-    return TopkPlan((max(1, min(m, config.max_programs)), cap, sample))
+    split = 0  # no filter kernel
+    if m and n > cap:
+        split = max(1, min(config.split_target // m, n // (4 * config.block)))
+        split = 0 if split == 1 and not config.separate else split
+    return TopkPlan((max(1, min(m, config.max_programs)), cap, sample, split))
 
 
 def workspace_bytes(m: int, n: int, topk: int, dtype: torch.dtype = torch.float32,
                     config: TopkConfig = _DEFAULT) -> int:
     """Bytes of the workspace a call of shape ``(M, N, topk)`` over ``dtype`` logits uses (allocated
     inside the call unless passed as ``workspace``): 0 when N <= CAP (no window needs a filter),
-    else ``programs * CAP * (4 + itemsize)``."""
-    p = plan(m, n, topk, config)
+    else ``programs * CAP * (4 + itemsize)`` for the select kernel's candidates, plus, when the
+    filter is split, ``M * split * (CAP * (4 + itemsize) + 4)`` for each segment's candidates and count."""
+    return sum(_layout(plan(m, n, topk, config), m, n, dtype))
+
+
+def _layout(p: TopkPlan, m: int, n: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """Bytes of (select positions, segment positions, select values, segment values, segment
+    counts): int32 parts first, the uneven counts last, so every part stays 16-byte aligned."""
     if m == 0 or n <= p.cap:
-        return 0
-    return p.programs * p.cap * (4 + torch.empty((), dtype=dtype).element_size())
+        return 0, 0, 0, 0, 0
+    e = torch.empty((), dtype=dtype).element_size()
+    seg = m * p.split
+    return p.programs * p.cap * 4, seg * p.cap * 4, p.programs * p.cap * e, seg * p.cap * e, seg * 4
 
 
 # ---- the kernel --------------------------------------------------------------------------------
@@ -141,11 +176,80 @@ def _pick(hist, krem):
     return b, above
 
 
+def _guess(row, w, CAP: tl.constexpr, SAMPLE: tl.constexpr):
+    """A 16-bit key prefix ``t_lo`` that about CAP/2 of the window's ``w`` keys reach, from SAMPLE
+    keys in groups of 8 contiguous ones spread evenly over the window (needs w > CAP >= SAMPLE)."""
+    G: tl.constexpr = SAMPLE // 8
+    offs_s = tl.arange(0, SAMPLE)
+    grp = (offs_s // 8).to(tl.int64)
+    at = (grp * (w - 8)) // (G - 1) + offs_s % 8
+    sk = _keys(tl.load(row + at))
+    r = tl.minimum(tl.maximum((CAP // 2 * SAMPLE) // w, 1), SAMPLE)
+    b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r)
+    in1 = (sk >> 24).to(tl.int32) == b1
+    b2, _ = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
+    return (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16)
+
+
+def _filter(row, lo, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.constexpr,
+            PREFETCH: tl.constexpr):
+    """Keys >= ``t_lo`` of window positions ``[beg, end)``, compacted in position order into
+    ``wpos`` (absolute positions) / ``wval`` (values); returns how many there are, or a number >
+    CAP once they overflow (it stops there). The next block is loaded before this one is
+    compacted, so two blocks' reads are in flight per program (the loop is latency-bound)."""
+    offs_b = tl.arange(0, BLOCK)
+    cnt = 0
+    i0 = beg
+    v = tl.load(row + beg + offs_b, mask=beg + offs_b < end, other=0.0)
+    while (i0 < end) & (cnt <= CAP):
+        nxt = i0 + BLOCK + offs_b
+        if PREFETCH:
+            v_next = tl.load(row + nxt, mask=nxt < end, other=0.0)
+        else:
+            v = tl.load(row + i0 + offs_b, mask=i0 + offs_b < end, other=0.0)
+            v_next = v
+        offs = i0 + offs_b
+        cand = (offs < end) & (_keys(v) >= t_lo)
+        slot = cnt + tl.cumsum(cand.to(tl.int32), 0) - 1
+        put = cand & (slot < CAP)
+        tl.store(wpos + slot, lo + offs, mask=put)
+        tl.store(wval + slot, v, mask=put)
+        cnt += tl.sum(cand.to(tl.int32), 0)
+        v = v_next
+        i0 += BLOCK
+    return cnt
+
+
+def _filter_kernel(
+    x_ptr, ks_ptr, ke_ptr, spos_ptr, sval_ptr, scnt_ptr, M, N, stride_xm,
+    CAP: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """Program ``pid`` filters segment ``pid % SPLIT`` of row ``pid // SPLIT``'s window (when it is
+    longer than CAP) into its own CAP slots, and writes its count; every segment of a row derives the
+    same threshold from the same sample, so their lists, in segment order, are the unsplit filter's."""
+    pid = tl.program_id(0)
+    m = pid // SPLIT
+    s = pid % SPLIT
+    lo = tl.maximum(tl.load(ks_ptr + m), 0)
+    hi = tl.minimum(tl.load(ke_ptr + m), N)
+    w = tl.maximum(hi - lo, 0)
+    cnt = 0
+    if w > CAP:
+        row = x_ptr + tl.cast(m, tl.int64) * stride_xm + lo
+        t_lo = _guess(row, w, CAP, SAMPLE)
+        seg = tl.cdiv(tl.cdiv(w, SPLIT), BLOCK) * BLOCK
+        beg = tl.minimum(s * seg, w)
+        end = tl.minimum(beg + seg, w)
+        base = tl.cast(pid, tl.int64) * CAP
+        cnt = _filter(row, lo, beg, end, t_lo, spos_ptr + base, sval_ptr + base, CAP, BLOCK, True)
+    tl.store(scnt_ptr + pid, cnt)
+
+
 def _topk_kernel(
-    x_ptr, ks_ptr, ke_ptr, out_ptr, val_ptr, wpos_ptr, wval_ptr,
+    x_ptr, ks_ptr, ke_ptr, out_ptr, val_ptr, wpos_ptr, wval_ptr, spos_ptr, sval_ptr, scnt_ptr,
     M, N, stride_xm, stride_om, stride_vm, topk,
     CAP: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr,
+    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -162,34 +266,24 @@ def _topk_kernel(
         out_row = out_ptr + m64 * stride_om
         val_row = val_ptr + m64 * stride_vm
 
-        # ---- 1-2: threshold guess from a sample, candidates compacted into the workspace
+        # ---- 1-2: threshold guess from a sample, candidates compacted into the workspace (here, or
+        # by _filter_kernel's SPLIT programs and gathered here in segment order)
         use_ws = w < 0
         n_src = w
         if w > CAP:
-            G: tl.constexpr = SAMPLE // 8
-            offs_s = tl.arange(0, SAMPLE)
-            grp = (offs_s // 8).to(tl.int64)
-            at = (grp * (w - 8)) // (G - 1) + offs_s % 8  # groups of 8 spread over [0, w)
-            sk = _keys(tl.load(row + at))
-            r = tl.minimum(tl.maximum((CAP // 2 * SAMPLE) // w, 1), SAMPLE)
-            b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r)
-            in1 = (sk >> 24).to(tl.int32) == b1
-            b2, _ = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
-            t_lo = (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16)
-
-            cnt = 0
-            i0 = 0
-            while (i0 < w) & (cnt <= CAP):
-                offs = i0 + offs_b
-                ok = offs < w
-                v = tl.load(row + offs, mask=ok, other=0.0)
-                cand = ok & (_keys(v) >= t_lo)
-                slot = cnt + tl.cumsum(cand.to(tl.int32), 0) - 1
-                put = cand & (slot < CAP)
-                tl.store(wpos + slot, lo + offs, mask=put)
-                tl.store(wval + slot, v, mask=put)
-                cnt += tl.sum(cand.to(tl.int32), 0)
-                i0 += BLOCK
+            if SPLIT == 0:
+                cnt = _filter(row, lo, 0, w, _guess(row, w, CAP, SAMPLE), wpos, wval, CAP, BLOCK, PREFETCH)
+            else:
+                cnt = 0
+                for s in range(SPLIT):
+                    seg = m64 * SPLIT + s
+                    c = tl.load(scnt_ptr + seg)
+                    for i in range(0, tl.minimum(c, CAP - cnt), TAIL):
+                        offs = i + tl.arange(0, TAIL)
+                        ok = offs < tl.minimum(c, CAP - cnt)
+                        tl.store(wpos + cnt + offs, tl.load(spos_ptr + seg * CAP + offs, mask=ok), mask=ok)
+                        tl.store(wval + cnt + offs, tl.load(sval_ptr + seg * CAP + offs, mask=ok), mask=ok)
+                    cnt += c
             use_ws = (cnt >= kk) & (cnt <= CAP)
             n_src = tl.where(use_ws, cnt, w)
         src = row
@@ -255,22 +349,29 @@ def _jitted(interpret: bool) -> tuple[Any, Any]:
     """(kernel, helpers) jitted for one mode; see ``mqa_logits_triton._jitted`` for why not at import."""
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = interpret
-        helpers = {f.__name__: triton.jit(f) for f in (_keys, _pick)}
-        fn = _topk_kernel
-        glb = dict(fn.__globals__)
-        glb.update(helpers)  # the kernel calls the helpers jitted for the same mode
-        rebound = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
-        rebound.__module__ = fn.__module__
-        rebound.__qualname__ = fn.__qualname__
-        # triton.jit reads constexpr parameters off the annotations, which FunctionType drops (the
-        # interpreter does not care; a compiled launch then refuses tl.arange(0, BLOCK)).
-        rebound.__annotations__ = dict(fn.__annotations__)
-        return triton.jit(rebound, do_not_specialize=["M", "N", "topk"]), helpers
+        glb = dict(_topk_kernel.__globals__)
+        for f in (_keys, _pick, _guess, _filter):  # in call order: each sees the ones jitted before it
+            glb[f.__name__] = triton.jit(_rebound(f, glb))
+        return tuple(triton.jit(_rebound(k, glb), do_not_specialize=["M", "N", "topk"])
+                     for k in (_topk_kernel, _filter_kernel))
 
 
-def kernel(interpret: bool | None = None) -> Any:
-    """The jitted kernel for ``interpret`` (default: what TRITON_INTERPRET says now)."""
-    return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)[0]
+def _rebound(fn: Any, glb: dict[str, Any]) -> Any:
+    """``fn`` with globals ``glb``, so that it calls the helpers jitted for the same mode."""
+    rebound = types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)
+    rebound.__module__ = fn.__module__
+    rebound.__qualname__ = fn.__qualname__
+    # triton.jit reads constexpr parameters off the annotations, which FunctionType drops (the
+    # interpreter does not care; a compiled launch then refuses tl.arange(0, BLOCK)).
+    rebound.__annotations__ = dict(fn.__annotations__)
+    return rebound
+
+
+def kernel(interpret: bool | None = None, name: str = "select") -> Any:
+    """The jitted ``"select"`` (or ``"filter"``) kernel for ``interpret`` (default: what
+    TRITON_INTERPRET says now)."""
+    which = {"select": 0, "filter": 1}[name]
+    return _jitted(bool(triton.knobs.runtime.interpret) if interpret is None else interpret)[which]
 
 
 # ---- the launcher ------------------------------------------------------------------------------
@@ -315,9 +416,10 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         return out
     cfg = config or _DEFAULT
     p = plan(m, n, topk, cfg)
-    need = workspace_bytes(m, n, topk, logits.dtype, cfg)
-    wpos: torch.Tensor = out
-    wval: torch.Tensor = logits
+    parts = _layout(p, m, n, logits.dtype)
+    need = sum(parts)
+    wpos = spos = scnt = out
+    wval = sval = logits
     if need:
         if workspace is None:
             workspace = torch.empty(need, dtype=torch.uint8, device=logits.device)
@@ -325,19 +427,25 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
             raise ValueError(f"topk_per_row_triton: workspace needs {need} bytes on {logits.device}; got "
                              f"{workspace.numel() * workspace.element_size()} on {workspace.device}")
         flat = workspace.view(torch.uint8).view(-1)
-        split = p.programs * p.cap * 4
-        wpos = flat[:split].view(torch.int32)
-        wval = flat[split:need].view(logits.dtype)
+        ends = [sum(parts[:i + 1]) for i in range(5)]
+        wpos, spos = flat[:ends[0]].view(torch.int32), flat[ends[0]:ends[1]].view(torch.int32)
+        wval, sval = flat[ends[1]:ends[2]].view(logits.dtype), flat[ends[2]:ends[3]].view(logits.dtype)
+        scnt = flat[ends[3]:ends[4]].view(torch.int32) if parts[4] else out
+    split = p.split if parts[4] else 0
     interpret = bool(triton.knobs.runtime.interpret)
     if logits.device.type == "cpu" and not interpret:
         raise RuntimeError("topk_per_row_triton got CPU tensors: they run only under the Triton interpreter "
                            "(set TRITON_INTERPRET=1)")
     with _interpreting() if interpret else _on_device(logits.get_device()):
+        if split:
+            kernel(interpret, "filter")[(m * split,)](
+                logits, ks, ke, spos, sval, scnt, m, n, logits.stride(0),
+                CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, SPLIT=split, num_warps=cfg.num_warps)
         kernel(interpret)[(p.programs,)](
-            logits, ks, ke, out, values if values is not None else out, wpos, wval,
+            logits, ks, ke, out, values if values is not None else out, wpos, wval, spos, sval, scnt,
             m, n, logits.stride(0), out.stride(0), values.stride(0) if values is not None else 0, topk,
             CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
-            VALUES=values is not None, num_warps=cfg.num_warps,
+            VALUES=values is not None, SPLIT=split, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
         )
     return out
 
@@ -349,21 +457,23 @@ def _check_out(name: str, t: torch.Tensor, dtype: torch.dtype, m: int, topk: int
 
 
 def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131072, topk: int = 2048,
-                values: bool = True, absolute: bool = False, config: TopkConfig | None = None) -> dict[str, Any]:
-    """Build the kernel ahead of time for ``target`` (``"sm_90"``, ``"gfx942"``, ``"gfx950"``, see
-    ``mqa_provider_gluon.aot.TARGETS``) as a call of that shape would launch it; returns the asm dict
-    with the compiled metadata under ``"metadata"``."""
+                values: bool = True, absolute: bool = False, config: TopkConfig | None = None,
+                split: int = 0, prefetch: bool = False, name: str = "select") -> dict[str, Any]:
+    """Build the ``"select"`` (or ``"filter"``) kernel ahead of time for ``target`` (``"sm_90"``,
+    ``"gfx942"``, ``"gfx950"``, see ``mqa_provider_gluon.aot.TARGETS``) as a call of that shape
+    would launch it; returns the asm dict with the compiled metadata under ``"metadata"``."""
     from triton.compiler import ASTSource
 
     from ..aot import TARGETS
 
     cfg = config or _DEFAULT
     p = plan(1, n, topk, cfg)
-    fn = kernel(interpret=False)
+    fn = kernel(interpret=False, name=name)
     elem = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
     consts = {"CAP": p.cap, "SAMPLE": p.sample, "BLOCK": cfg.block, "TAIL": _TAIL, "ABSOLUTE": absolute,
-              "VALUES": values}
-    types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "val_ptr": "*fp32"}
+              "VALUES": values, "SPLIT": split, "PREFETCH": prefetch}
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "sval_ptr": f"*{elem}", "val_ptr": "*fp32"}
     signature = {a: ("constexpr" if a in consts else types_.get(a, "*i32" if a.endswith("_ptr") else "i32"))
                  for a in fn.arg_names}
     aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]
