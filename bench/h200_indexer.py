@@ -200,26 +200,12 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
 # -- checking -----------------------------------------------------------------------------------------
 
 def judge(idx: torch.Tensor, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int) -> str:
-    """'ok', or how many rows break the selection rule on ``logits`` (fp32, -inf outside windows):
-    a selected cell below an unselected in-window one by more than 1e-5 of the row's magnitude, a
-    position outside the window, a duplicate, or fewer picks than min(topk, width)."""
-    n = logits.shape[1]
-    width = (ke.long().clamp(0, n) - ks.long().clamp(0, n)).clamp(min=0)
-    valid = idx >= 0
-    picks = valid.sum(1)
-    bad = picks != width.clamp(max=topk)
-    safe = idx.long().clamp(min=0)
-    inside = (safe >= ks.long()[:, None]) & (safe < ke.long()[:, None])
-    bad |= (valid & ~inside).any(1)
-    srt = torch.sort(torch.where(valid, safe, -1 - torch.arange(idx.shape[1], device=idx.device)), 1).values
-    bad |= (srt[:, 1:] == srt[:, :-1]).any(1)
-    got = logits.gather(1, safe).masked_fill(~valid, float("inf"))
-    rest = logits.clone()
-    rest.scatter_(1, safe, float("-inf"))
-    tol = 1e-5 * logits.masked_fill(logits.isinf(), 0).abs().amax(1)
-    bad |= got.min(1).values < rest.max(1).values - tol
-    nbad = int(bad.sum())
-    return "ok" if nbad == 0 else f"FAIL {nbad}/{idx.shape[0]} rows"
+    """'ok', or how many rows break the selection rule on ``logits`` (fp32, -inf outside windows);
+    ``mqa bench --topk``'s check (``mqa_core.bench.verify.check_selection``)."""
+    from mqa_core.bench.verify import check_selection
+
+    v = check_selection(idx.int(), logits, ks, ke, topk, against="gluon logits")
+    return "ok" if v.ok else f"FAIL {v.detail}"
 
 
 def dense_logits(s: Shape, x: tuple[Any, ...], smoke: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

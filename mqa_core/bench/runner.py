@@ -13,13 +13,15 @@ from ..select import shape_reason
 from ..testing.providers import provider_named
 from .report import tflops_text
 from .timing import Timing, graph_time, sync, time_calls, time_interleaved
-from .verify import Verdict, compare
+from .verify import Verdict, check_selection, compare
 from .workloads import Workload, input_sets
 
 
 def reference(w: Workload, x: Any, providers: Mapping[tuple[str, str], Provider], arch: str
               ) -> tuple[torch.Tensor | None, str]:
-    """The float64 oracle when it fits, else torch_ref (exact fp32) on the same device, else none."""
+    """The float64 oracle when it fits, else torch_ref (exact fp32) on the same device, else none.
+    A top-k workload's reference is its inputs' clean logits, which its selection is judged on."""
+    w = w.logits_only()
     if w.oracle_fits():
         return w.float64_reference(x), "float64 oracle"
     ref = providers.get(("torch_ref", w.op))
@@ -93,14 +95,18 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
                 out = w.run(provider, sets[0])
                 sync(device)
                 row["peak_mib"] = peak_mib(device, base)
-                verdict = (compare(out, ref_out, clean=w.clean, against=against) if ref_out is not None
-                           else Verdict(True, float("nan"), True, "none", "unverified: no reference here"))
+                if ref_out is None:
+                    verdict = Verdict(True, float("nan"), True, "none", "unverified: no reference here")
+                elif w.topk:
+                    verdict = check_selection(out, ref_out, *w.key_windows(sets[0]), w.topk, against=against)
+                else:
+                    verdict = compare(out, ref_out, clean=w.clean, against=against)
                 del out
             except Exception as exc:  # a crashing provider is reported; the others still run
                 row.update(status="error", reason=f"{type(exc).__name__}: {exc}")
                 progress(f"{tag} {name}: ERROR {row['reason']}")
                 continue
-            row.update(calc_diff=verdict.calc_diff, mask_identical=verdict.mask_identical,
+            row.update(calc_diff=None if w.topk else verdict.calc_diff, mask_identical=verdict.mask_identical,
                        verified_against=verdict.against)
             if not verdict.ok:
                 row.update(status="wrong", reason=verdict.detail)
@@ -116,7 +122,8 @@ def run_workloads(work: Sequence[Workload], names: Sequence[str],
             extra = timed_row(row, timings[name], flops, peak)
             if graph and device.type == "cuda":
                 extra += graph_columns(row, calls[name], sets, device, flops)
-            progress(f"{tag} {name}: ok (calc_diff {verdict.calc_diff:.1e} vs {against}), "
+            check = "selection accepted" if w.topk else f"calc_diff {verdict.calc_diff:.1e}"
+            progress(f"{tag} {name}: ok ({check} vs {against}), "
                      f"{row['ms_median']:.3f} ms, {tflops_text(row['tflops'])} TFLOP/s{extra}")
         del sets, ref_out, calls
         if device.type == "cuda":

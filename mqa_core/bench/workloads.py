@@ -19,6 +19,10 @@ from ..testing.data import Inputs, PagedInputs
 
 PREFILL = "fp8_mqa_logits"
 PAGED = "fp8_paged_mqa_logits"
+#: The indexer step of each: the same inputs, then the ``topk`` best keys per row (``mqa bench --topk``).
+PREFILL_TOPK = "fp8_mqa_topk"
+PAGED_TOPK = "fp8_paged_mqa_topk"
+TOPK_OF = {PREFILL: PREFILL_TOPK, PAGED: PAGED_TOPK}
 PAGED_BLOCK_SIZE = 64
 #: Above this many [M, H, N] score cells the float64 oracle is too slow and big; torch_ref verifies.
 ORACLE_CELLS = 2**25
@@ -48,15 +52,19 @@ class Workload:
     next_n: int = 0
     requests: tuple[tuple[int, int], ...] = ()
     window: int = 0
+    topk: int = 0  # >= 1 exactly for the top-k ops
 
     def __post_init__(self) -> None:
         p, errors = self.problem, []
-        if self.op == PREFILL and self.kind not in PREFILL_KINDS:
-            errors.append(f"kind must be one of {PREFILL_KINDS} for {PREFILL}, got {self.kind!r}")
-        if self.op == PAGED and self.kind != "decode":
-            errors.append(f"kind must be 'decode' for {PAGED}, got {self.kind!r}")
-        if self.op not in (PREFILL, PAGED):
-            errors.append(f"op must be {PREFILL} or {PAGED}, got {self.op!r}")
+        ops = (*TOPK_OF, *TOPK_OF.values())
+        if self.op not in ops:
+            errors.append(f"op must be one of {', '.join(ops)}, got {self.op!r}")
+        elif (self.op in TOPK_OF) != (self.topk == 0) or self.topk < 0:
+            errors.append(f"topk must be >= 1 for {self.op} and only there, got {self.topk}")
+        if not self.paged and self.kind not in PREFILL_KINDS:
+            errors.append(f"kind must be one of {PREFILL_KINDS} for {self.op}, got {self.kind!r}")
+        if self.paged and self.kind != "decode":
+            errors.append(f"kind must be 'decode' for {self.op}, got {self.kind!r}")
         if self.kind == "packed":
             if not self.requests or any(not 1 <= q <= k for q, k in self.requests):
                 errors.append(f"packed requests must be (queries, keys) with 1 <= queries <= keys, "
@@ -74,11 +82,29 @@ class Workload:
             raise ValueError("invalid Workload: " + "; ".join(errors))
 
     @property
+    def paged(self) -> bool:
+        return self.op in (PAGED, PAGED_TOPK)
+
+    @property
+    def logits_op(self) -> str:
+        """The logits op whose inputs (and whose scores, for a top-k op) this workload has."""
+        return PAGED if self.paged else PREFILL
+
+    def with_topk(self, topk: int) -> "Workload":
+        """The indexer step on the same inputs: this workload's top-k op, selecting ``topk`` keys a row."""
+        return replace(self, op=TOPK_OF[self.logits_op], topk=topk)
+
+    def logits_only(self) -> "Workload":
+        """This workload's logits op; for a top-k workload its clean logits, the selection's reference."""
+        return replace(self, op=self.logits_op, topk=0, clean=self.clean or bool(self.topk))
+
+    @property
     def name(self) -> str:
         p = self.problem
-        if self.op == PAGED:
-            return f"decode B={self.batch} next_n={self.next_n} ctx={p.n} H={p.h} D={p.d}"
-        return f"{self._kind_text} M={p.m} N={p.n} H={p.h} D={p.d}"
+        top = f" topk={self.topk}" if self.topk else ""
+        if self.paged:
+            return f"decode B={self.batch} next_n={self.next_n} ctx={p.n} H={p.h} D={p.d}{top}"
+        return f"{self._kind_text} M={p.m} N={p.n} H={p.h} D={p.d}{top}"
 
     @property
     def _kind_text(self) -> str:
@@ -92,7 +118,7 @@ class Workload:
     def label(self) -> str:
         """Short, multi-line: a plot's x tick."""
         p = self.problem
-        if self.op == PAGED:
+        if self.paged:
             return f"B{self.batch} n{self.next_n}\nctx {_k(p.n)}\nH{p.h}"
         kind = {"packed": f"packed x{len(self.requests)}", "sliding": f"sliding {_k(self.window)}"}
         return f"{kind.get(self.kind, self.kind)}\n{_k(p.m)}x{_k(p.n)}\nH{p.h} D{p.d}"
@@ -109,7 +135,7 @@ class Workload:
             return max(1, -(-v // factor))
 
         p = self.problem
-        if self.op == PAGED:
+        if self.paged:
             return replace(self, problem=Problem(p.m, c(p.n), p.h, p.d))
         requests = tuple((c(q), c(k)) for q, k in self.requests)
         m, n = ((sum(q for q, _ in requests), sum(k for _, k in requests)) if requests
@@ -137,7 +163,7 @@ class Workload:
     # -- setup ---------------------------------------------------------------------------------
     def setup(self, device: torch.device, seed: int) -> Any:
         g = torch.Generator(device=device).manual_seed(seed)
-        if self.op == PAGED:
+        if self.paged:
             return _paged_inputs(self, device, g)
         p = self.problem
         ks, ke = self.windows()
@@ -148,16 +174,32 @@ class Workload:
 
     def input_bytes(self) -> int:
         p = self.problem
-        if self.op == PAGED:
+        if self.paged:
             blocks = self.batch * -(-p.n // PAGED_BLOCK_SIZE)
             return p.m * p.h * (p.d + 4) + blocks * PAGED_BLOCK_SIZE * (p.d + 4)
         return p.m * p.h * (p.d + 4) + p.n * (p.d + 4) + 8 * p.m
 
     # -- run -----------------------------------------------------------------------------------
     def run(self, provider: Provider, x: Any) -> torch.Tensor:
-        if self.op == PAGED:
+        """The op's output: logits, or (top-k ops) int32 positions, absolute (prefill) or ``p < len``."""
+        if self.op == PAGED_TOPK:
+            q, cache, weights, lens, tables, n = x.args()
+            return provider.fp8_paged_mqa_topk(q, cache, weights, lens, tables, n, self.topk)
+        if self.op == PREFILL_TOPK:
+            q, kv, weights, ks, ke = x.args()
+            return provider.fp8_mqa_topk(q, kv, weights, ks, ke, self.topk, positions="absolute")
+        if self.paged:
             return provider.fp8_paged_mqa_logits(*x.args(), clean_logits=self.clean)
         return provider.fp8_mqa_logits(*x.args(), clean_logits=self.clean)
+
+    def key_windows(self, x: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ks, ke) on the device: the keys each output row may select (paged: ``[0, visible)``)."""
+        if not self.paged:
+            return x.ks, x.ke
+        from ..composed import paged_windows
+
+        ke = paged_windows(x.context_lens, self.next_n, x.block_tables, PAGED_BLOCK_SIZE, x.max_context_len)
+        return torch.zeros_like(ke), ke
 
     # -- verify --------------------------------------------------------------------------------
     def oracle_fits(self) -> bool:
@@ -165,14 +207,14 @@ class Workload:
         return p.m * p.h * p.n <= ORACLE_CELLS
 
     def float64_reference(self, x: Any) -> torch.Tensor:
-        if self.op == PAGED:
+        if self.paged:
             return x.reference().to(x.q.device)
         dev = x.q.device
         return fp8_mqa_logits_ref(x.q.cpu().double().to(dev), x.k.cpu().double().to(dev), x.k_scale,
                                   x.weights, x.ks, x.ke)
 
     def valid_pairs(self, x: Any) -> int:
-        if self.op == PAGED:
+        if self.paged:
             from ..reference import visible_lengths
 
             return int(visible_lengths(x.context_lens, self.next_n).clamp(0, x.max_context_len).sum())

@@ -37,7 +37,8 @@ examples:
   mqa bench --preset prefill --baseline gluon --json bench/h200.jsonl --plot bench/h200.png
   mqa bench --providers gluon,triton --shape 4096,16384,64,128
   mqa bench --providers gluon,triton --timing interleaved --shape 128,2048,64,128   # small shapes
-  mqa bench --preset engine --providers torch_ref --scale 64   # the engine preset, CPU-sized"""
+  mqa bench --preset engine --providers torch_ref --scale 64   # the engine preset, CPU-sized
+  mqa bench --preset decode --topk 2048 --providers composed,gluon   # the indexer step, with peak MiB"""
 
 
 def add_parser(sub: Any) -> None:
@@ -63,6 +64,10 @@ def add_parser(sub: Any) -> None:
                    help="calls back to back per host-cost round (default: 200 on GPU, 20 on CPU)")
     p.add_argument("--shape", action="append", default=[], type=shape_arg, metavar="M,N,H,D",
                    help="a causal prefill workload (repeatable; added to --preset)")
+    p.add_argument("--topk", type=int, default=0, metavar="K",
+                   help="bench the indexer step instead: each workload's top-k op (fp8_mqa_topk, "
+                        "fp8_paged_mqa_topk) selecting K keys a row, checked as a selection over the "
+                        "reference logits; peak_mib shows what it holds beyond inputs and output")
     p.add_argument("--clean", action=argparse.BooleanOptionalAction, default=True,
                    help="clean_logits: -inf outside the windows (default: on)")
     p.add_argument("--baseline", metavar="NAME", help="show speedups against this provider")
@@ -164,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.scale < 1 or (args.host_calls is not None and args.host_calls < 1):
         raise UserError(f"--scale and --host-calls must be >= 1, got {args.scale} and {args.host_calls}")
+    if args.topk < 0:
+        raise UserError(f"--topk must be >= 1 (or 0: the logits ops), got {args.topk}")
     device = device_or_default(args.device)
     arch = arch_of_device(device)
     gpu = device.type != "cpu"
@@ -171,9 +178,11 @@ def run(args: argparse.Namespace) -> int:
     preset = args.preset or ("quick" if not args.shape else None)
     work = [w.scaled(args.scale) for w in wl.PRESETS[preset](args.clean)] if preset else []
     work += [wl.shape_workload(s, args.clean) for s in args.shape]
+    if args.topk:
+        work = [w.with_topk(args.topk) for w in work]
     engine = preset == "engine"
     graph = gpu and (engine if args.graph is None else args.graph)
-    host_cost = engine if args.host_cost is None else args.host_cost
+    host_cost = (engine and not args.topk) if args.host_cost is None else args.host_cost
     if engine and not gpu and args.scale == 1:
         _progress("mqa bench: the engine preset at full size takes long on a CPU; --scale 64 keeps its "
                   "structure at a size that runs in seconds")
@@ -213,14 +222,15 @@ def run(args: argparse.Namespace) -> int:
                           seed=args.seed, common=common, progress=_progress)
     method = (f"{repeat} calls" if args.timing == "per-call"
               else f"{repeat} interleaved rounds of >= 1 ms batches of back-to-back calls")
-    print(f"fp8 MQA logits on {name_of_device} ({arch}): median of {method} after {warmup} warm-up, "
+    what = f"the indexer step (top-k {args.topk})" if args.topk else "fp8 MQA logits"
+    print(f"{what} on {name_of_device} ({arch}): median of {method} after {warmup} warm-up, "
           f"inputs rotated; TFLOP/s counts 2*H*D per in-window pair"
           + ("; graph = CUDA-graph replay, the device's time alone" if graph else ""))
     report.add_speedups(rows, args.baseline)
     if args.json:
         report.append_jsonl(args.json, rows)
     _render(rows, names, args.baseline, args.plot,
-            f"fp8 MQA logits on {name_of_device} ({arch}): TFLOP/s, higher is better")
+            f"{what} on {name_of_device} ({arch}): TFLOP/s, higher is better")
     if args.json:
         print(f"appended {len(rows)} rows to {args.json}")
     bad = [r for r in rows if r["status"] in ("wrong", "error")]
