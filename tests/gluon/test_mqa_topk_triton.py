@@ -278,7 +278,7 @@ def test_workspace_is_respected_on_a_run(interpret):
             got = run(inp, topk, workspace_bytes=budget)[0]
         assert torch.equal(got, want), tun
         assert paths.calls[0]["chunks"] >= 4
-        assert max(paths.peaks) <= budget, (paths.peaks, budget)
+        assert max(paths.peaks) <= budget * (1 - op.HEADROOM), (paths.peaks, budget)  # the rest: torch's
 
 
 def test_workspace_too_small_says_so(interpret):

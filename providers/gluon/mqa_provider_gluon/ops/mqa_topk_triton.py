@@ -116,6 +116,10 @@ SELECT_BYTES_PER_CELL = 24
 SORT_SCRATCH = 1.0
 #: Per-row bookkeeping: windows, tau, counters, row lists, kernel windows (a generous bound).
 _ROW_BYTES = 64
+#: The share of ``workspace_bytes`` the plan leaves unplanned, for what the byte counts above miss
+#: (the caching allocator's rounding, torch.topk's internal buffers): planned to the full budget, an
+#: H100 measured peaks 5% (M=4096, N=128k) and 9% (M=1024, N=1M) over it.
+HEADROOM = 1 / 8
 
 _INT32_MIN = -(2**31)
 _NAN_KEY = _INT32_MIN + 1  # NaN ranks below every number, -inf included
@@ -533,7 +537,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         k_scale = ws.adopt(k_scale.float())
     if weights.dtype != torch.float32 or weights.stride(1) != 1:
         weights = ws.adopt(weights.float().contiguous())
-    budget = workspace_bytes - ws.live
+    budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
     lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index)
