@@ -24,10 +24,10 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..spec import LOGITS_OPS, Problem
+from ..spec import LOGITS_OPS, TOPK_OPS, Problem
 from ..tuning import DEFAULT_MARGIN
 from .common import UserError, device_or_default, providers_for, timed_calls, writable_path
 
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from ..tuning import Bucket, TuningTable
 
 PREFILL, PAGED = LOGITS_OPS
+#: The indexer step's op of each logits op (``--topk``): the same shapes, buckets of the top-k op.
+TOPK_OF = {PREFILL: "fp8_mqa_topk", PAGED: "fp8_paged_mqa_topk"}
+assert set(TOPK_OF.values()) <= set(TOPK_OPS)
 KINDS = ("causal", "full", "chunk", "suffix")
 
 EPILOG = """presets:
@@ -69,7 +72,8 @@ records which, per op (arguments.timing).
 examples:
   mqa tune --device cpu --providers torch_ref,example_chunked --preset quick --out t.json
   MQA_TUNING=t.json mqa explain --arch cpu --shape 256,1024,32,128
-  mqa tune --preset engine --providers gluon,triton,deepgemm --out h200.json"""
+  mqa tune --preset engine --providers gluon,triton,deepgemm --out h200.json
+  mqa tune --preset engine --topk 2048 --providers composed,gluon,triton --out step.json   # the indexer step"""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,14 @@ class TuneShape:
     kind: str = "causal"
     batch: int = 0
     next_n: int = 0
+    topk: int = 0  # the top-k op of ``op``'s logits, selecting this many keys a row (--topk)
+
+    def with_topk(self, topk: int) -> TuneShape:
+        return replace(self, op=TOPK_OF[self.op], topk=topk)
+
+    @property
+    def paged(self) -> bool:
+        return self.op in (PAGED, TOPK_OF[PAGED])
 
     @classmethod
     def prefill(cls, m: int, n: int, h: int, d: int, kind: str = "causal") -> TuneShape:
@@ -114,7 +126,7 @@ class TuneShape:
     def workload(self) -> Workload:
         from ..bench.workloads import Workload
 
-        return Workload(self.op, self.problem, self.kind, True, self.batch, self.next_n)
+        return Workload(self.op, self.problem, self.kind, True, self.batch, self.next_n, topk=self.topk)
 
     def bucket(self) -> Bucket:
         from ..tuning import Bucket
@@ -126,12 +138,13 @@ class TuneShape:
         ranges, or None when none fits there (a causal, suffix or chunk window needs M <= N)."""
         m, n = (round(math.sqrt(lo * hi)) for lo, hi in (bucket.m, bucket.n))
         p = self.problem
-        if self.op == PAGED:
+        if self.paged:
             shape = TuneShape.decode(max(1, round(m / self.next_n)), max(1, n), self.next_n, p.h, p.d)
         elif m > n and self.kind != "full":
             return None
         else:
             shape = TuneShape.prefill(max(1, m), max(1, n), p.h, p.d, self.kind)
+        shape = replace(shape, op=self.op, topk=self.topk)
         return shape if bucket.contains(shape.op, shape.problem, shape.next_n) else None
 
 
@@ -203,6 +216,12 @@ def add_parser(sub: Any) -> None:
                         "capture decode; an eager ~20 us decode call times the host, not the kernel), all, "
                         "none (default %(default)s); a provider that cannot be captured is left out of "
                         "those buckets")
+    p.add_argument("--topk", type=int, default=0, metavar="K",
+                   help="tune the indexer step instead: every shape's top-k op (fp8_mqa_topk, "
+                        "fp8_paged_mqa_topk) selecting K keys a row; the kit subset is the top-k one and each "
+                        "shape's selection is checked over the reference logits. The table's buckets are the "
+                        "top-k ops' (a table holds both kinds when merged by hand); selection reads them for "
+                        "any topk, and the table records the K it was measured at")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, metavar="FRACTION",
                    help="written into the table: selection keeps the first provider by priority unless the "
                         "fastest measured one is faster by more than this fraction; a lead within timing "
@@ -218,7 +237,7 @@ REPLAYED, EAGER = "graph replay", "interleaved"
 
 def replayed(op: str, replay: str, device: torch.device) -> bool:
     """Whether ``op``'s shapes are timed by graph replay under ``--replay`` on ``device``."""
-    return device.type == "cuda" and (replay == "all" or (replay == "auto" and op == PAGED))
+    return device.type == "cuda" and (replay == "all" or (replay == "auto" and op in (PAGED, TOPK_OF[PAGED])))
 
 
 # -- the kit subset ----------------------------------------------------------------------------------
@@ -228,6 +247,10 @@ def replayed(op: str, replay: str, device: torch.device) -> bool:
 #: a chunk unclean; short and block-edge 1-D lengths, arbitrary 2-D ones, unclean decode.
 PREFILL_SUBSET = (("ragged", True), ("edges", True), ("empty", True), ("chunk", False))
 PAGED_SUBSET = ((3, 1, False, True), (3, 2, True, True), (2, 2, False, False))
+#: The top-k ops' subset (``--topk``), on exact inputs with ties: prefill (window, positions), decode
+#: (batch, next_n, 2-D lengths).
+TOPK_PREFILL_SUBSET = (("ragged", "relative"), ("edges", "absolute"), ("empty", "relative"))
+TOPK_PAGED_SUBSET = ((3, 1, False), (3, 2, True))
 
 
 def _short(exc: BaseException, limit: int = 400) -> str:
@@ -236,10 +259,13 @@ def _short(exc: BaseException, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device, seed: int) -> str | None:
+def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device, seed: int,
+              topk: int = 0) -> str | None:
     """The kit subset at (op, H, D), through the kit's own case runner (every call poisoned, the -inf
-    mask exact, every in-window cell within its bound): None when all pass, else the first failure."""
+    mask exact, every in-window cell within its bound; a top-k op's selection exact on exact inputs,
+    ties included): None when all pass, else the first failure."""
     from ..testing import runner
+    from ..testing import topk as kit_topk
     from ..testing.cases import sizes_for
 
     sizes = sizes_for(device)
@@ -248,7 +274,22 @@ def kit_check(provider: Provider, op: str, h: int, d: int, device: torch.device,
         return runner.Draw.on(device, seed + i, base_seed=seed, reproduce=f"mqa tune --seed {seed}")
 
     try:
-        if op == PREFILL:
+        ts = kit_topk.topk_sizes(device)  # the kit's own sizes and topk: ties land on the threshold there
+        if op == TOPK_OF[PREFILL]:
+            problem = Problem(*ts.windows, h, d)
+            for i, (window, positions) in enumerate(TOPK_PREFILL_SUBSET):
+                exact = kit_topk.exact_prefill(draw(i), problem, window=window)
+                for k in dict.fromkeys((ts.topk, min(topk, problem.n))):
+                    kit_topk.run_prefill_topk(provider, draw(i), exact, k, positions=positions, return_values=False,
+                                              exact=True, what=f"window={window}")
+        elif op == TOPK_OF[PAGED]:
+            for i, (batch, next_n, lens_2d) in enumerate(TOPK_PAGED_SUBSET):
+                exact_paged = kit_topk.decode_inputs(draw(i), batch, next_n, h, d, ts.paged_context,
+                                                     lens_2d=lens_2d, exact=True)
+                for k in dict.fromkeys((ts.paged_topk, min(topk, ts.paged_context))):
+                    kit_topk.run_paged_topk(provider, draw(i), exact_paged, k, return_values=False, exact=True,
+                                            what=f"batch={batch} next_n={next_n}")
+        elif op == PREFILL:
             problem = Problem(*sizes.windows, h, d)
             for i, (window, clean) in enumerate(PREFILL_SUBSET):
                 runner.run_prefill(provider, draw(i), problem, window=window, clean=clean)
@@ -333,7 +374,7 @@ def measure(shapes: Sequence[TuneShape], names: Sequence[str], providers: dict[t
             key = (name, op, p.h, p.d)
             if key not in kit:
                 progress.note(f"kit subset: {name} {op} H={p.h} D={p.d}")
-                kit[key] = kit_check(provider, op, p.h, p.d, device, seed)
+                kit[key] = kit_check(provider, op, p.h, p.d, device, seed, shape.topk)
             if kit[key]:
                 mine[name] = Result(None, f"wrong: kit subset failed: {kit[key]}")
                 continue
@@ -482,6 +523,10 @@ def run(args: argparse.Namespace) -> int:
     shapes = (PRESETS[preset]() if preset else []) + shapes
     device = device_or_default(args.device)
     arch = arch_of_device(device)
+    if args.topk < 0:
+        raise UserError(f"--topk must be >= 1 (or 0: the logits ops), got {args.topk}")
+    if args.topk:
+        shapes = [s.with_topk(args.topk) for s in shapes]
     if args.replay == "all" and device.type != "cuda":
         raise UserError(f"--replay all times CUDA-graph replays, which {device} has none of; use --replay auto "
                         "or none")
@@ -523,7 +568,7 @@ def run(args: argparse.Namespace) -> int:
     info = {"created": report.now(), "commit": report.git_commit(),
             "arguments": {"device": str(device), "providers": list(names), "preset": preset,
                           "shapes": list(args.shapes), "warmup": warmup, "repeat": repeat, "replay": args.replay,
-                          "timing": timing, "seed": args.seed,
+                          "timing": timing, "seed": args.seed, "topk": args.topk or None,
                           "budget_s": args.budget, "shapes_measured": len(results), "shapes_planned": len(shapes)},
             "split": [str(b) for b in split]}
     table = build_table(shapes, names, results, current_stamp(device, dists), info, args.margin, split)
@@ -537,7 +582,8 @@ def run(args: argparse.Namespace) -> int:
         how = {EAGER: f"median of {repeat} interleaved rounds (each a >= 1 ms batch of back-to-back calls per "
                       f"provider) after {warmup} warm-up calls",
                REPLAYED: "CUDA-graph replay (the device's time; median of 10 replays)"}
-        print(f"fp8 MQA logits on {device_name} ({arch}): ms per call; "
+        what = f"the indexer step (top-k {args.topk})" if args.topk else "fp8 MQA logits"
+        print(f"{what} on {device_name} ({arch}): ms per call; "
               + "; ".join(f"{op}: {how[t]}" for op, t in timing.items()))
         print(summary(table, names, by_priority))
         if split:
