@@ -225,7 +225,7 @@ def test_every_performance_table_says_where_when_and_how() -> None:
         title = s.splitlines()[0]
         assert re.search(r"\bNVIDIA H\d00\b", s) and re.search(r"torch \d+\.\d+", s), title
         assert re.search(r"\b20\d\d-\d\d-\d\d\b", s), f"{title}: no date"
-        assert re.search(r"Command[s]? \(on the H200\): `(python bench/|mqa )", s), f"{title}: no command"
+        assert re.search(r"Command[s]? \(on the H[12]00\): `(python bench/|mqa )", s), f"{title}: no command"
     cited = set(re.findall(r"bench/results/([\w.-]+\.txt)", text))
     held = {p.name for p in (ROOT / "bench" / "results").iterdir()}
     assert cited == held, (cited, held)
