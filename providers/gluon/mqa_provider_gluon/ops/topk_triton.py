@@ -195,12 +195,15 @@ def _filter(row, lo, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.co
             PREFETCH: tl.constexpr):
     """Keys >= ``t_lo`` of window positions ``[beg, end)``, compacted in position order into
     ``wpos`` (absolute positions) / ``wval`` (values); returns how many there are, or a number >
-    CAP once they overflow (it stops there). The next block is loaded before this one is
-    compacted, so two blocks' reads are in flight per program (the loop is latency-bound)."""
+    CAP once they overflow (it stops there). With ``PREFETCH`` the next block is loaded before this
+    one is compacted: two blocks' reads in flight per program, for more registers."""
     offs_b = tl.arange(0, BLOCK)
     cnt = 0
     i0 = beg
-    v = tl.load(row + beg + offs_b, mask=beg + offs_b < end, other=0.0)
+    if PREFETCH:
+        v = tl.load(row + beg + offs_b, mask=beg + offs_b < end, other=0.0)
+    else:
+        v = tl.zeros([BLOCK], dtype=row.dtype.element_ty)
     while (i0 < end) & (cnt <= CAP):
         nxt = i0 + BLOCK + offs_b
         if PREFETCH:
@@ -346,7 +349,8 @@ def _topk_kernel(
 
 @functools.lru_cache(maxsize=2)
 def _jitted(interpret: bool) -> tuple[Any, Any]:
-    """(kernel, helpers) jitted for one mode; see ``mqa_logits_triton._jitted`` for why not at import."""
+    """(select kernel, filter kernel) jitted for one mode, calling helpers jitted for the same mode;
+    see ``mqa_logits_triton._jitted`` for why not at import."""
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = interpret
         glb = dict(_topk_kernel.__globals__)
