@@ -40,19 +40,22 @@ pytest_plugins = ("pytester",)
 ALL_PAIRS = tuple(sorted(pair_id(p) for p in DTYPE_PAIRS))
 
 
-def install_wrong_providers(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Lay out the wrong providers as pip would (package + dist-info) and put them on PYTHONPATH."""
-    site = root / "site"
-    (site / "wrong_providers").mkdir(parents=True)
-    (site / "wrong_providers" / "__init__.py").write_text(textwrap.dedent(SPECS))
-    (site / "wrong_providers" / "kernels.py").write_text(textwrap.dedent(KERNELS))
-    info = site / "wrong_providers-1.0.dist-info"
+def install_wrong_providers(root: Path, monkeypatch: pytest.MonkeyPatch, *, package: str = "wrong_providers",
+                            specs: str = SPECS, kernels: str = KERNELS) -> Path:
+    """Lay out wrong providers (``specs`` as the package, ``kernels`` its kernels module) as pip would
+    (package + dist-info) and put them on PYTHONPATH."""
+    site = root / f"site-{package}"
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(textwrap.dedent(specs))
+    (site / package / "kernels.py").write_text(textwrap.dedent(kernels))
+    dist = package.replace("_", "-")
+    info = site / f"{package}-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrong-providers\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[mqa_core.providers]\nwrong = wrong_providers\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[mqa_core.providers]\n{package.removesuffix('_providers')} = {package}\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
     if "MQA_PLUGINS" in os.environ:  # the suite's allow-list (conftest.py) must let them load
-        monkeypatch.setenv("MQA_PLUGINS", f"{os.environ['MQA_PLUGINS']},wrong-providers")
+        monkeypatch.setenv("MQA_PLUGINS", f"{os.environ['MQA_PLUGINS']},{dist}")
     return site
 
 

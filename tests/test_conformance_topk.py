@@ -4,13 +4,11 @@ them; four near-miss top-k providers fail them, each where it is wrong."""
 from __future__ import annotations
 
 import os
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from kit_wrong_providers import TOPK_KERNELS, TOPK_SPECS, TOPK_WRONG
-from test_conformance_kit import failed_ids, outcomes, run_kit
+from test_conformance_kit import failed_ids, install_wrong_providers, outcomes, run_kit
 
 from mqa_core.spec import Problem
 from mqa_core.testing import topk
@@ -25,28 +23,14 @@ def _one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
 
 
-def install_topk_wrong(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The four wrong top-k providers as an installed distribution (package + dist-info) on PYTHONPATH."""
-    site = root / "site-topk"
-    (site / "wrong_topk_providers").mkdir(parents=True)
-    (site / "wrong_topk_providers" / "__init__.py").write_text(textwrap.dedent(TOPK_SPECS))
-    (site / "wrong_topk_providers" / "kernels.py").write_text(textwrap.dedent(TOPK_KERNELS))
-    info = site / "wrong_topk_providers-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wrong-topk-providers\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[mqa_core.providers]\nwrong_topk = wrong_topk_providers\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH")))))
-    if "MQA_PLUGINS" in os.environ:
-        monkeypatch.setenv("MQA_PLUGINS", f"{os.environ['MQA_PLUGINS']},wrong-topk-providers")
-
-
 TOPK_CASES = "topk"
 
 
 def test_kit_topk_passes_torch_ref_and_composed_fails_wrong(pytester: pytest.Pytester,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """One kit run: torch_ref and composed pass every top-k case on the CPU; each near miss fails."""
-    install_topk_wrong(pytester.path, monkeypatch)
+    install_wrong_providers(pytester.path, monkeypatch, package="wrong_topk_providers", specs=TOPK_SPECS,
+                            kernels=TOPK_KERNELS)
     names = ["torch_ref", "composed", *TOPK_WRONG]
     result, per = run_kit(pytester, names, "--mqa-device", "cpu", "-k", TOPK_CASES)
     assert result.ret == pytest.ExitCode.TESTS_FAILED

@@ -104,19 +104,14 @@ def test_compile_fullgraph_aot_eager_matches_eager():
 
 def test_compile_dynamic_shapes_do_not_recompile():
     """The fake works on symbolic sizes (padded row stride included): one graph for several N."""
-    compiles = 0
-
-    def counting(gm, example_inputs):
-        nonlocal compiles
-        compiles += 1
-        return gm.forward
+    counting = counting_eager()
 
     torch._dynamo.reset()
     compiled = torch.compile(indexer_step, backend=counting, fullgraph=True, dynamic=True)
     for n in (40, 53, 77):
         _, args = prefill_args(m=9, n=n, seed=n)
         assert torch.equal(compiled(*args)[1], indexer_step(*args)[1])
-    assert compiles == 1
+    assert counting.compiles == 1
 
 
 def test_compile_inductor_small():
@@ -157,12 +152,7 @@ def test_forced_provider_after_compile_needs_reload_not_recompile(install_dist, 
     install_dist("probe-provider", "1.0", {"probe_provider/__init__.py": PROBE,
                                            "probe_provider/kernels.py": PROBE_KERNELS},
                  entry_points={"mqa_core.providers": {"probe": "probe_provider"}})
-    compiles = 0
-
-    def counting(gm, example_inputs):
-        nonlocal compiles
-        compiles += 1
-        return gm.forward
+    counting = counting_eager()
 
     _, args = prefill_args()
     chosen = mqa_core.get_provider("cpu", op="fp8_mqa_logits").impl  # the probe, by priority
@@ -178,7 +168,7 @@ def test_forced_provider_after_compile_needs_reload_not_recompile(install_dist, 
 
     mqa_core.reload()
     plain = compiled(*args)[1]
-    assert len(calls) == 2 and compiles == 1
+    assert len(calls) == 2 and counting.compiles == 1
     assert torch.equal(probed, plain * 2.0)
 
 
@@ -239,6 +229,16 @@ def layout_probe(install_dist):
     import layout_probe
 
     return layout_probe
+
+
+def counting_eager():
+    """A dynamo backend that runs the graph as traced and counts how many graphs it was given."""
+    def backend(gm, example_inputs):
+        backend.compiles += 1
+        return gm.forward
+
+    backend.compiles = 0
+    return backend
 
 
 def counting_inductor():

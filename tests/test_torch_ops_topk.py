@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_torch_ops import counting_eager
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import mqa_core
@@ -109,16 +110,11 @@ def test_compile_fullgraph_matches_eager(backend: str) -> None:
 
 
 def test_compile_dynamic_shapes_one_graph() -> None:
-    compiles = 0
-
-    def counting(gm, example_inputs):
-        nonlocal compiles
-        compiles += 1
-        return gm.forward
+    counting = counting_eager()
 
     torch._dynamo.reset()
     compiled = torch.compile(indexer_step, backend=counting, fullgraph=True, dynamic=True)
     for m, n in ((9, 40), (11, 53), (6, 77)):
         args = prefill(m=m, n=n, seed=n)
         assert torch.equal(compiled(*args)[0], indexer_step(*args)[0])
-    assert compiles == 1
+    assert counting.compiles == 1
