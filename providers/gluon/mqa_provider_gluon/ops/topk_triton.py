@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -95,27 +95,14 @@ class TopkConfig:
 _DEFAULT = TopkConfig()
 
 
-class TopkPlan(tuple[int, int, int, int]):
-    """(programs, CAP, SAMPLE, split) for a call shape; see :func:`plan`."""
+class TopkPlan(NamedTuple):
+    """The launch shape of a call; see :func:`plan`."""
 
-    __slots__ = ()
-
-    @property
-    def programs(self) -> int:
-        return self[0]
-
-    @property
-    def cap(self) -> int:
-        return self[1]
-
-    @property
-    def sample(self) -> int:
-        return self[2]
-
-    @property
-    def split(self) -> int:
-        """Segments the filter kernel cuts a long window into (0: the select kernel filters it)."""
-        return self[3]
+    programs: int
+    cap: int
+    sample: int
+    #: Segments the filter kernel cuts a long window into (0: the select kernel filters it).
+    split: int
 
 
 def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
@@ -132,7 +119,7 @@ def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
     if m and n > cap:
         split = max(1, min(config.split_target // m, n // (4 * config.block)))
         split = 0 if split == 1 and not config.separate else split
-    return TopkPlan((max(1, min(m, config.max_programs)), cap, sample, split))
+    return TopkPlan(max(1, min(m, config.max_programs)), cap, sample, split)
 
 
 def workspace_bytes(m: int, n: int, topk: int, dtype: torch.dtype = torch.float32,
