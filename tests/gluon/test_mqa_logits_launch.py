@@ -381,6 +381,30 @@ def test_prepared_call_yields_to_hooks_and_is_none_where_not_bound(host, monkeyp
     assert op.prepare(*args) is None
 
 
+def test_prepared_call_takes_the_hints_its_prepare_takes(host):
+    """mqa-core hands a prepared call the hints its ``prepare_<op>`` named: ``logits_dtype`` for bf16
+    logits (the H200 kit's bf16 cases failed with a TypeError before the calls took it). The hint
+    the signature fixed runs the bound launch; another dtype takes the full path, in that dtype."""
+    import inspect
+
+    from mqa_provider_gluon import kernels
+    from mqa_provider_gluon.ops import paged_mqa_logits_gluon_sm90 as pg
+    from mqa_provider_gluon.ops import paged_mqa_logits_triton as pt
+
+    for cls in (op.PreparedCall, g.PreparedCall, pt.PreparedCall, pg.PreparedCall):
+        assert "logits_dtype" in inspect.signature(cls.__call__).parameters, cls
+    if not DIRECT:
+        pytest.skip(str(launch.direct_launch_unsupported()))
+    inp = make_inputs(Problem(7, 50, 16, 64), seed=4)
+    op.fp8_mqa_logits_triton(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke, logits_dtype=torch.bfloat16)
+    prepared = kernels.TRITON.prepare_fp8_mqa_logits(*inp.args(), clean_logits=True, logits_dtype=torch.bfloat16)
+    assert isinstance(prepared, op.PreparedCall)
+    out = prepared(*inp.args(), logits_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and len(host.direct_calls) == 1
+    assert prepared(*inp.args(), logits_dtype=torch.float32).dtype == torch.float32
+    assert len(host.direct_calls) == 1  # the float32 call took Triton's own path
+
+
 # ---- the plans under the interpreter: cached decisions, identical results -----------------------
 
 @pytest.fixture

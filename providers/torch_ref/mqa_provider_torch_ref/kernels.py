@@ -20,6 +20,7 @@ import torch
 
 from mqa_core import env_positive_number, fp4
 from mqa_core.reference import split_paged_cache, visible_lengths
+from mqa_core.selection import select_topk
 
 DEFAULT_MEMORY_MB = 512
 #: Target size of one scores chunk: small enough to stay in cache between matmul, relu and head sum.
@@ -35,14 +36,15 @@ def memory_bound_bytes() -> int:
 def chunk_sizes(rows: int, h: int, d: int, n: int, budget: int) -> tuple[int, int]:
     """Row and column chunk sizes whose fp32 temporaries stay under ``budget`` bytes.
 
-    Per step the temporaries are the scores [rc*H, cc], the head-summed result and mask [rc, cc],
-    and the upcast q [rc, H, D] and k [cc, D]. Few rows (32) keep a causal chunk's key span tight;
+    Per step the temporaries are the float64 scores [rc*H, cc], the head sum (float64), its float32
+    copy and three masks [rc, cc], the column indices and key scales (int64, float64) [cc], and the
+    float64 q [rc, H, D] and k [cc, D]. Few rows (32) keep a causal chunk's key span tight;
     the scores stay near cache size (4 MiB), since relu and the head sum each pass over them once.
     """
     rc = max(1, min(rows, 32))
     while True:
-        per_col = rc * h * 8 + rc * 9 + d * 8
-        cc = min((budget - rc * h * d * 4) // per_col, max(64, SCORES_BYTES // (rc * h * 4)))
+        per_col = rc * h * 8 + rc * 15 + d * 8 + 16
+        cc = min((budget - rc * h * d * 8) // per_col, max(64, SCORES_BYTES // (rc * h * 4)))
         if cc >= 64 or rc == 1:
             return rc, int(max(1, min(n, cc, 8192)))
         rc = max(1, rc // 2)
@@ -163,17 +165,11 @@ class TorchRefKernels:
     def topk_per_row(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
                      positions: str = "relative", return_values: bool = False,
                      workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The exact selection (:func:`select_rows`) in row chunks whose temporaries fit
-        ``workspace_bytes``."""
-        m, n = logits.shape
-        out = torch.empty((m, topk), dtype=torch.int32, device=logits.device)
+        """The exact selection (:func:`mqa_core.selection.select_topk`), its temporaries within
+        ``workspace_bytes`` (rows, then column blocks of a row, per step)."""
+        m, _ = logits.shape
         values = torch.empty((m, topk), dtype=torch.float32, device=logits.device) if return_values else None
-        rows = topk_rows_per_chunk(n, topk, workspace_bytes)
-        for r0 in range(0, m, rows):
-            r = slice(r0, min(m, r0 + rows))
-            select_rows(logits[r], ks[r], ke[r], topk, positions, return_values, out[r],
-                        None if values is None else values[r])
-        return out, values
+        return select_topk(logits, ks, ke, topk, positions=positions, values=values, budget_bytes=workspace_bytes)
 
     def _select(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
                 return_values: bool, workspace_bytes: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -217,54 +213,3 @@ class TorchRefKernels:
 
 
 KERNELS = TorchRefKernels()
-
-
-# -- the indexer step -----------------------------------------------------------------------------
-
-#: Below every finite and infinite logit's key: NaN ranks here (it is selected only after -inf).
-_NAN_KEY = -(2**31) - 1
-#: Below NaN: a cell outside the window, never selected.
-_OUT_KEY = -(2**31) - 2
-
-
-def order_keys(x: torch.Tensor) -> torch.Tensor:
-    """int64 keys that order float32 logits as the contract does: by value (``-0.0 == 0.0``, ``-inf``
-    the lowest value) and NaN below every value. Equal logits get equal keys."""
-    x = x.float() + 0.0  # -0.0 + 0.0 = +0.0: one key for both zeros
-    bits = x.view(torch.int32).long()
-    keys = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF) - 1)
-    return keys.masked_fill_(x.isnan(), _NAN_KEY)
-
-
-def select_rows(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str,
-                return_values: bool, out: torch.Tensor, values: torch.Tensor | None) -> None:
-    """The exact selection for the rows of ``logits`` into ``out`` / ``values``: keys per cell, one
-    stable descending sort per row (equal keys keep position order: ties to the smaller position),
-    the first ``min(topk, width)`` positions, sorted ascending, ``-1`` after."""
-    rows, n = logits.shape
-    lo = ks.long().clamp(0, n)
-    hi = ke.long().clamp(0, n)
-    width = (hi - lo).clamp(min=0)
-    pos = torch.arange(n, device=logits.device)
-    inside = (pos[None, :] >= lo[:, None]) & (pos[None, :] < hi[:, None])
-    keys = order_keys(logits).masked_fill_(~inside, _OUT_KEY)
-    take = min(topk, n)
-    order = torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :take]
-    # Out-of-window cells have the lowest key, so the first min(topk, width) of ``order`` are the
-    # window's picks; sorted ascending (the rest pushed past them as n), then -1 after them.
-    keep = torch.arange(take, device=logits.device)[None, :] < width[:, None]
-    picked = torch.where(keep, torch.sort(torch.where(keep, order, n), dim=1).values, -1)
-    idx = torch.where(picked >= 0, picked - (lo[:, None] if positions == "relative" else 0), -1)
-    out.fill_(-1)
-    out[:, :take] = idx.int()
-    if values is not None:
-        values.fill_(float("-inf"))
-        got = logits.float().gather(1, picked.clamp(min=0))
-        values[:, :take] = torch.where(picked >= 0, got, float("-inf"))
-
-
-def topk_rows_per_chunk(n: int, topk: int, budget: int) -> int:
-    """Rows whose selection temporaries fit ``budget`` bytes; at least one. Per cell: the float32 copy,
-    its int64 bits and keys, the masks, the sort's values and indices and their slices (about 65 bytes
-    measured on an H100 with torch's caching allocator): 96 allows for the allocator's rounding."""
-    return max(1, budget // max(1, 96 * max(n, 1) + 24 * topk))

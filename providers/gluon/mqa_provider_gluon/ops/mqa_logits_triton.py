@@ -528,14 +528,16 @@ class PreparedCall:
     logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
-                 ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+                 ks: torch.Tensor, ke: torch.Tensor, *, logits_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``logits_dtype``: mqa-core's hint, which :func:`prepare` takes, so the call gets it too; the
+        signature fixed it, and another one takes the full path."""
         k, k_scale = kv
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-        if triton.knobs.runtime.interpret or hooks_active() or (
+        dtype = self.logits_dtype if logits_dtype is None else logits_dtype
+        if triton.knobs.runtime.interpret or hooks_active() or dtype != self.logits_dtype or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
-            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits,
-                                         logits_dtype=self.logits_dtype)
+            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits, logits_dtype=dtype)
         out = torch.empty_strided(self.size, (self.row, 1), dtype=self.logits_dtype, device=self.plan.device)
         _launch_bound(self.bound, self.plan, self.grid, ptrs, self.strides, k, out.data_ptr(), *self.size,
                       self.row, self.splits, self.tiles_per_split)

@@ -91,6 +91,8 @@ import torch
 import triton
 import triton.language as tl
 
+from mqa_core.selection import select_topk
+
 from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
 from .mqa_logits_triton import (
     TritonConfig,
@@ -121,10 +123,6 @@ _ROW_BYTES = 64
 #: H100 measured peaks 5% (M=4096, N=128k) and 9% (M=1024, N=1M) over it.
 HEADROOM = 1 / 8
 
-_INT32_MIN = -(2**31)
-_NAN_KEY = _INT32_MIN + 1  # NaN ranks below every number, -inf included
-_PAD_KEY = _INT32_MIN  # outside the window: below NaN
-_LOW32 = 2**32 - 1
 
 
 # ---- selection over a given logits matrix (the default ``select``) -------------------------------
@@ -138,58 +136,10 @@ class Select(Protocol):
 def select_topk_torch(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
                       positions: str = "relative", out: torch.Tensor | None = None,
                       values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Exact top-k per row of ``logits`` [R, C] fp32 (last dim contiguous, any row stride) inside
-    each row's window [max(ks, 0), min(ke, C)).
-
-    Returns int32 [R, topk] positions ("relative": c - lo, "absolute": c) ascending, -1 padded, and
-    fp32 values (-inf padding) when ``values`` is given (written there) — ``out`` likewise receives
-    the positions. Ties go to the smaller position, -0.0 == +0.0, NaN ranks below everything.
-
-    Each cell becomes one unique int64 key: its value's bits mapped to an order-preserving int32
-    (NaN and out-of-window cells below everything) in the high half, the complement of its column in
-    the low half, so one ``torch.topk`` over the keys is exact and tie-broken, whatever its algorithm.
-    """
-    if positions not in ("relative", "absolute"):
-        raise ValueError(f"positions must be 'relative' or 'absolute', got {positions!r}")
-    r, c = logits.shape
-    dev = logits.device
-    if out is None:
-        out = torch.empty((r, topk), dtype=torch.int32, device=dev)
-    lo = ks.to(device=dev, dtype=torch.int64).clamp(min=0)
-    hi = torch.maximum(ke.to(device=dev, dtype=torch.int64).clamp(max=c), lo)
-    k_eff = min(topk, c)
-    if k_eff == 0 or r == 0:
-        out.fill_(-1)
-        if values is not None:
-            values.fill_(float("-inf"))
-        return out, values
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    key = logits.view(torch.int32).to(torch.int64)
-    t = key >> 31  # -1 for negative floats: flip their magnitude bits so the order is numeric
-    t &= 0x7FFFFFFF
-    key ^= t
-    del t
-    key.masked_fill_(key == -1, 0)  # -0.0 (bits 0x80000000 -> -1) ties +0.0
-    key.masked_fill_(torch.isnan(logits), _NAN_KEY)
-    cols = torch.arange(c, device=dev)
-    key.masked_fill_((cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None]), _PAD_KEY)
-    key <<= 32
-    key += _LOW32 - cols  # smaller column, larger key: ties to the smaller position
-    top = torch.topk(key, k_eff, dim=1, sorted=False).values
-    del key
-    valid = (top >> 32) != _PAD_KEY
-    col = torch.where(valid, _LOW32 - (top & _LOW32), c)
-    col = col.sort(dim=1).values
-    valid = col < c
-    pos = torch.where(valid, col - (lo[:, None] if positions == "relative" else 0), -1)
-    out[:, :k_eff] = pos
-    out[:, k_eff:] = -1
-    if values is not None:
-        v = logits.gather(1, col.clamp(max=c - 1))
-        values[:, :k_eff] = v.masked_fill_(~valid, float("-inf"))
-        values[:, k_eff:] = float("-inf")
-    return out, values
+    """Exact top-k per row of ``logits`` [R, C] inside each row's window, in one step:
+    :func:`mqa_core.selection.select_topk` (one unique int64 key per cell, one ``torch.topk``), whose
+    temporaries the byte counts above describe."""
+    return select_topk(logits, ks, ke, topk, positions=positions, out=out, values=values)
 
 
 # ---- the filter kernel ------------------------------------------------------------------------

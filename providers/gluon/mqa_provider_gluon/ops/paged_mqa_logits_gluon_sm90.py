@@ -1065,14 +1065,16 @@ class PreparedCall:
     logits_dtype: torch.dtype = torch.float32
 
     def __call__(self, q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, schedule: torch.Tensor | None = None) -> torch.Tensor:
+                 block_tables: torch.Tensor, schedule: torch.Tensor | None = None, *,
+                 logits_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``logits_dtype``: as for ``mqa_logits_triton.PreparedCall``."""
         ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
-        if hooks_active() or (self.scheduled and schedule is None) or (
+        dtype = self.logits_dtype if logits_dtype is None else logits_dtype
+        if hooks_active() or (self.scheduled and schedule is None) or dtype != self.logits_dtype or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
-                                              self.clean_logits, schedule=_usable(schedule, q),
-                                              logits_dtype=self.logits_dtype)
+                                              self.clean_logits, schedule=_usable(schedule, q), logits_dtype=dtype)
         return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail,
                     schedule.data_ptr() if self.scheduled else 0, self.logits_dtype)
 
