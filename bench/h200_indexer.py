@@ -30,7 +30,7 @@ give). Prints one JSON line per row as it goes and a short table last; ``--out``
 
 ``--select`` times the selection alone, on each shape's dense logits (``rand`` inputs): ``torch.topk``,
 FlashInfer, and the Triton radix select under each ``--variants`` launch config (``TopkConfig``
-fields, ``+``-joined, e.g. ``separate=1+prefetch=1``; ``default`` is the shipped one). Every variant
+fields, ``+``-joined, e.g. ``separate=1+filter_block=2048``; ``default`` is the shipped one). Every variant
 must give the default's positions bit for bit. ``--profile`` prints the CUDA kernels of one
 ``composed`` call per shape (torch.profiler), to see where its time goes.
 """
@@ -318,7 +318,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-VARIANTS = "default,prefetch=1,separate=1,separate=1+prefetch=1,split_target=1,split_target=1024,block=1024+num_warps=4"
+VARIANTS = "default,filter_block=2048,separate=1,separate=1+filter_block=2048,split_target=1,split_target=1024,block=1024+num_warps=4"
 
 
 def topk_config(spec: str) -> Any:
@@ -328,7 +328,7 @@ def topk_config(spec: str) -> Any:
     if spec == "default":
         return TopkConfig()
     kw = dict(kv.split("=") for kv in spec.split("+"))
-    return TopkConfig(**{k: (bool(int(v)) if k in ("separate", "prefetch") else int(v)) for k, v in kw.items()})
+    return TopkConfig(**{k: (bool(int(v)) if k == "separate" else int(v)) for k, v in kw.items()})
 
 
 def select_row(s: Shape, variants: list[str], fi: Any, device: torch.device, reps: int,

@@ -77,7 +77,8 @@ def windows(m: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ks, ke
 
 
-SMALL = TopkConfig(block=256, num_warps=4, max_programs=3)  # several blocks per row, programs striding rows
+TINY = dict(block=256, num_warps=4, filter_block=256)  # small blocks: several a row
+SMALL = TopkConfig(**TINY, max_programs=3)  # several blocks per row, programs striding rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -104,6 +105,30 @@ def test_long_rows_take_the_candidate_path(interpret, dtype, topk):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [TopkConfig(**TINY), TopkConfig(**TINY,
+                                                                                    split_target=64)])
+def test_thresholds_of_every_sign(interpret, dtype, config):
+    """The filter compares floats against the threshold key's float: negative thresholds (all-negative
+    rows), thresholds among zeros of both signs, at -inf, and at the NaN key 0 (a row mostly NaN,
+    where every key passes); windows that start and end off the 16-byte grid."""
+    n, topk = 6000, 64
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, n, generator=g)
+    x[0] = -x[0].abs() - 1.0  # every logit negative
+    x[1] = torch.where(torch.rand(n, generator=g) < 0.5, -0.0, 0.0)  # zeros of both signs
+    x[1, ::97] = 1.0
+    x[2] = float("-inf")
+    x[2, ::101] = -1.0
+    x[3] = float("nan")
+    x[3, ::13] = torch.randn(len(range(0, n, 13)), generator=g)
+    x[4, ::2] = float("nan")
+    x = x.to(dtype)
+    ks = torch.tensor([3, 0, 1, 0, 5, 2], dtype=torch.int32)
+    ke = torch.tensor([n - 1, n, n - 3, n, 5997, 4099], dtype=torch.int32)
+    check(x, ks, ke, topk, config=config)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_split_filter_gives_the_unsplit_result(interpret, dtype):
     """Few long rows (decode): each window is filtered in segments by their own programs, then
     gathered in segment order; ragged windows, a tie-heavy row that overflows (whole-window
@@ -114,21 +139,37 @@ def test_a_split_filter_gives_the_unsplit_result(interpret, dtype):
     x[2] = torch.randint(0, 2, (n,), generator=g).to(dtype)  # ties: the guess overflows CAP
     ks = torch.tensor([0, 700, 0, 50], dtype=torch.int32)
     ke = torch.tensor([n, 8123, n, 50], dtype=torch.int32)
-    cfg = TopkConfig(block=256, num_warps=4, split_target=64)
+    cfg = TopkConfig(**TINY, split_target=64)
     assert op.plan(4, n, topk, cfg).split == 8
     full, _ = check(x, ks, ke, topk, config=cfg)
-    for other in (TopkConfig(block=256, num_warps=4, split_target=1),  # the select kernel filters
-                  TopkConfig(block=256, num_warps=4, split_target=1, prefetch=True),
-                  TopkConfig(block=256, num_warps=4, split_target=1, separate=True)):  # one segment
+    for other in (TopkConfig(**TINY, split_target=1),  # the select kernel filters
+                  TopkConfig(block=256, num_warps=4, split_target=1, filter_block=128),
+                  TopkConfig(**TINY, split_target=1, separate=True)):  # one segment
         assert op.plan(4, n, topk, other).split == (1 if other.separate else 0)
         assert torch.equal(run(x, ks, ke, topk, config=other)[0], full)
+
+
+def test_negative_thresholds_keep_the_candidate_path(interpret):
+    """A result cannot show a threshold that is off (candidates outside [K, CAP] fall back to the whole
+    window, just as exact): the counts can. All-negative and all-positive rows both land in range."""
+    n, topk = 9000, 64
+    x = torch.randn(2, n, generator=torch.Generator().manual_seed(6)).abs() + 1.0
+    x[0] = -x[0]
+    cfg = TopkConfig(**TINY, separate=True)  # the filter kernel: its counts are kept
+    p = op.plan(2, n, topk, cfg)
+    ws = torch.full((workspace_bytes(2, n, topk, config=cfg),), 255, dtype=torch.uint8)
+    ks, ke = torch.tensor([1, 0], dtype=torch.int32), torch.tensor([n, n - 3], dtype=torch.int32)
+    out = topk_per_row_triton(x, ks, ke, topk, workspace=ws, config=cfg)
+    assert torch.equal(out, reference(x, ks, ke, topk)[0])
+    counts = ws[-2 * p.split * 4:].view(torch.int32).view(2, p.split).sum(1)
+    assert all(topk <= c <= p.cap for c in counts.tolist()), counts
 
 
 def test_segments_hold_the_candidates_in_position_order(interpret):
     """The split filter's segment lists, concatenated, are the candidates in ascending position order."""
     n, topk = 9000, 64
     x = torch.randn(1, n, generator=torch.Generator().manual_seed(4))
-    cfg = TopkConfig(block=256, num_warps=4, split_target=16)
+    cfg = TopkConfig(**TINY, split_target=16)
     p = op.plan(1, n, topk, cfg)
     ws = torch.full((workspace_bytes(1, n, topk, config=cfg),), 255, dtype=torch.uint8)
     topk_per_row_triton(x, torch.tensor([0], dtype=torch.int32), torch.tensor([n], dtype=torch.int32), topk,
@@ -229,7 +270,8 @@ def test_row_stride_and_extra_columns(interpret):
     assert torch.equal(alone[0], full[2])
     also_wide, _ = run(wide[2:3], ks[2:3].clone(), ke[2:3].clone(), topk)
     assert torch.equal(also_wide[0], full[2])
-    for cfg in (SMALL, TopkConfig(block=1024, num_warps=8, max_programs=1), TopkConfig(separate=True, prefetch=True)):
+    for cfg in (SMALL, TopkConfig(block=1024, num_warps=8, max_programs=1),
+                TopkConfig(separate=True, filter_block=2048)):
         assert torch.equal(run(x, ks, ke, topk, config=cfg)[0], full)
 
 
@@ -258,8 +300,9 @@ def test_workspace_is_a_function_of_the_shape():
     cap = op.plan(8, 131072, 2048).cap
     assert cap == 8192
     assert workspace_bytes(8, 8192, 2048) == 0  # every window fits CAP: no filter, no workspace
-    assert op.plan(8, 131072, 2048).split == 16  # 256 // 8 = 32 programs a row, at most one per 4 blocks
-    assert workspace_bytes(8, 131072, 2048) == 8 * cap * 8 + 8 * 16 * (cap * 8 + 4)
+    assert op.plan(8, 131072, 2048).split == 32  # 256 // 8 = 32 programs a row, at most one per 4 filter blocks
+    assert op.plan(1, 131072, 2048).split == 32  # 131072 // (4 * 1024)
+    assert workspace_bytes(8, 131072, 2048) == 8 * cap * 8 + 8 * 32 * (cap * 8 + 4)
     assert op.plan(300, 131072, 2048).split == 0 and op.plan(8, 8192, 2048).split == 0
     assert workspace_bytes(8, 131072, 2048, config=TopkConfig(split_target=8)) == 8 * cap * 8
     assert op.plan(300, 131072, 2048, TopkConfig(separate=True)).split == 1
@@ -303,7 +346,10 @@ def test_sm90_build_has_no_spills(dtype, topk, name, split):
     from mqa_provider_gluon import aot
 
     facts = aot.sass_facts(build("sm_90", dtype, topk, name, split))
-    assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
+    # capped at 128 (op.SELECT_MAXNREG), the select kernel may keep one value of its row loop in
+    # local memory: one store at the start, one load a row, outside the loops over elements
+    allowed = 1 if name == "select" else 0
+    assert facts.spill_stores <= allowed and facts.spill_loads <= allowed, facts
     assert facts.registers <= 128, facts  # two 8-warp programs per SM
 
 
@@ -374,7 +420,7 @@ def test_gpu_configs_agree(m):
     ks = torch.zeros(m, dtype=torch.int32, device="cuda")
     ke = torch.full((m,), n, dtype=torch.int32, device="cuda") - torch.arange(m, dtype=torch.int32, device="cuda")
     want = topk_per_row_triton(x, ks, ke, topk)
-    for cfg in (TopkConfig(prefetch=True), TopkConfig(separate=True), TopkConfig(split_target=1),
+    for cfg in (TopkConfig(filter_block=2048), TopkConfig(separate=True), TopkConfig(split_target=1),
                 TopkConfig(split_target=1024), TopkConfig(block=1024, num_warps=4)):
         assert torch.equal(topk_per_row_triton(x, ks, ke, topk, config=cfg), want), cfg
 

@@ -61,6 +61,10 @@ from .mqa_logits_triton import _interpreting, _on_device
 __all__ = ["TopkConfig", "TopkPlan", "compile_for", "kernel", "plan", "topk_per_row_triton", "workspace_bytes"]
 
 _TAIL = 1024  # elements per store when filling [K, topk) with -1
+#: The select kernel's register cap on NVIDIA: two 8-warp programs per SM. Uncapped, ptxas gives it
+#: 180 (one program per SM); capped, it keeps one value of the row loop in local memory (one store
+#: at the start, one load per row, outside every inner loop).
+SELECT_MAXNREG = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,23 +77,26 @@ class TopkConfig:
     #: Programs in the grid at most; each strides over rows ``pid, pid + P, ...`` with its own workspace.
     max_programs: int = 512
     #: Programs the filter aims at when rows are few (decode): a window longer than CAP is cut into
-    #: ``split = split_target // M`` segments (at most one per 4 blocks), each filtered by its own
+    #: ``split = split_target // M`` segments (at most one per 4 filter blocks), each filtered by its own
     #: program, so a batch of 1-64 long rows streams through many SMs instead of 1-64.
     split_target: int = 256
-    #: Filter every long window in the separate filter kernel (80 registers, prefetching, three
-    #: programs per SM), not only split ones: the select kernel then only gathers and selects.
+    #: Filter every long window in the separate filter kernel (80 registers, three programs per SM),
+    #: not only split ones: the select kernel then only gathers and selects.
     separate: bool = False
-    #: The select kernel's own filter loads the next block before compacting this one (181 registers
-    #: on sm_90, so one 8-warp program per SM, against two without).
-    prefetch: bool = False
+    #: Elements per filter step (both kernels): a thread loads 16 bytes a row of the [filter_block /
+    #: VEC, VEC] tile, so 1024 fp32 with 8 warps is one row a thread (the select kernel at 112
+    #: registers, two programs per SM; 2048: 182 registers, one).
+    filter_block: int = 1024
 
     def __post_init__(self) -> None:
-        for k in ("block", "num_warps", "max_programs", "split_target"):
+        for k in ("block", "num_warps", "max_programs", "split_target", "filter_block"):
             v = getattr(self, k)
             if v < 1 or (k not in ("max_programs", "split_target") and v & (v - 1)):
                 raise ValueError(f"TopkConfig.{k} must be a positive power of two, got {v}")
         if not 256 <= self.block <= 32768:  # the compaction packs two block counts in an int32
             raise ValueError(f"TopkConfig.block must be in [256, 32768], got {self.block}")
+        if not 64 <= self.filter_block <= 16384:
+            raise ValueError(f"TopkConfig.filter_block must be in [64, 16384], got {self.filter_block}")
 
 
 _DEFAULT = TopkConfig()
@@ -117,7 +124,7 @@ def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
     sample = max(256, min(8192, cap, triton.next_power_of_2(-(-128 * max(n, 1) // cap))))
     split = 0  # no filter kernel
     if m and n > cap:
-        split = max(1, min(config.split_target // m, n // (4 * config.block)))
+        split = max(1, min(config.split_target // m, n // (4 * config.filter_block)))
         split = 0 if split == 1 and not config.separate else split
     return TopkPlan(max(1, min(m, config.max_programs)), cap, sample, split)
 
@@ -178,35 +185,61 @@ def _guess(row, w, CAP: tl.constexpr, SAMPLE: tl.constexpr):
     return (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16)
 
 
-def _filter(row, lo, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.constexpr,
-            PREFETCH: tl.constexpr):
-    """Keys >= ``t_lo`` of window positions ``[beg, end)``, compacted in position order into
-    ``wpos`` (absolute positions) / ``wval`` (values); returns how many there are, or a number >
-    CAP once they overflow (it stops there). With ``PREFETCH`` the next block is loaded before this
-    one is compacted: two blocks' reads in flight per program, for more registers."""
-    offs_b = tl.arange(0, BLOCK)
-    cnt = 0
-    i0 = beg
-    if PREFETCH:
-        v = tl.load(row + beg + offs_b, mask=beg + offs_b < end, other=0.0)
-    else:
-        v = tl.zeros([BLOCK], dtype=row.dtype.element_ty)
-    while (i0 < end) & (cnt <= CAP):
-        nxt = i0 + BLOCK + offs_b
-        if PREFETCH:
-            v_next = tl.load(row + nxt, mask=nxt < end, other=0.0)
-        else:
-            v = tl.load(row + i0 + offs_b, mask=i0 + offs_b < end, other=0.0)
-            v_next = v
-        offs = i0 + offs_b
-        cand = (offs < end) & (_keys(v) >= t_lo)
-        slot = cnt + tl.cumsum(cand.to(tl.int32), 0) - 1
-        put = cand & (slot < CAP)
-        tl.store(wpos + slot, lo + offs, mask=put)
-        tl.store(wval + slot, v, mask=put)
-        cnt += tl.sum(cand.to(tl.int32), 0)
+def _threshold(t_lo):
+    """The float ``f`` with ``v >= f`` exactly when ``_keys(v) >= t_lo``, for every non-NaN ``v``
+    (the key order is the float order, -0.0 == +0.0), and whether ``t_lo`` takes every key (0: NaN
+    too). A float compare per element instead of a key: five instructions fewer in the filter."""
+    bits = tl.where((t_lo >> 31) == 1, t_lo ^ 0x80000000, t_lo ^ 0xFFFFFFFF)  # the float whose key is t_lo
+    f = bits.to(tl.float32, bitcast=True)
+    f = tl.where(((t_lo >> 31) == 1) | (t_lo >= 0x00800000), f, float("-inf"))  # below -inf: NaN keys
+    return f, t_lo == 0
+
+
+def _compact(v, offs, ok, tf, every, cnt, wpos, wval, CAP: tl.constexpr, MASKED: tl.constexpr):
+    """Append the elements of the tile ``v`` [R, VEC] (positions ``offs``; ``ok`` where MASKED) that
+    reach the threshold to the lists at ``cnt``, in position order; returns the new count. A thread
+    holds one row of VEC contiguous elements (one 16-byte load), so the prefix sum is VEC adds in a
+    thread and one scan over the R row totals, instead of a scan over the whole block."""
+    c = (v.to(tl.float32) >= tf) | every
+    if MASKED:
+        c = c & ok
+    ci = c.to(tl.int32)
+    rtot = tl.sum(ci, 1)
+    slot = cnt + (tl.cumsum(rtot, 0) - rtot)[:, None] + tl.cumsum(ci, 1) - 1
+    put = c & (slot < CAP)
+    tl.store(wpos + slot, offs, mask=put)
+    tl.store(wval + slot, v, mask=put)
+    return cnt + tl.sum(rtot, 0)
+
+
+def _filter(base, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    """Keys >= ``t_lo`` at positions ``[beg, end)`` of the row whose position 0 is at ``base``,
+    compacted in position order into ``wpos`` (their positions) / ``wval`` (values); returns how many
+    there are (only the first CAP are written). Blocks start at 16-byte boundaries of the row, so
+    the whole blocks between the first and the last load 16 bytes a thread per load."""
+    VEC: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth
+    R: tl.constexpr = BLOCK // VEC
+    tile = tl.arange(0, R)[:, None] * VEC + tl.arange(0, VEC)[None, :]
+    tf, every = _threshold(t_lo)
+    a0 = beg // VEC * VEC
+    whole = (end - a0) // BLOCK  # blocks from a0 that end inside the range
+    lim = a0 + whole * BLOCK
+    offs = a0 + tile
+    ok = (offs >= beg) & (offs < end)
+    head = tl.load(base + offs, mask=ok, other=0.0)
+    # each whole block is loaded one step ahead (a uniform mask keeps the loads 16 bytes wide): two
+    # blocks' reads in flight per thread while one is compacted
+    v = tl.load(base + a0 + BLOCK + tile, mask=a0 + BLOCK < lim, other=0.0)
+    cnt = _compact(head, offs, ok, tf, every, 0, wpos, wval, CAP, True)
+    for i0 in range(a0 + BLOCK, lim, BLOCK):
+        v_next = tl.load(base + i0 + BLOCK + tile, mask=i0 + BLOCK < lim, other=0.0)
+        cnt = _compact(v, i0 + tile, ok, tf, every, cnt, wpos, wval, CAP, False)
         v = v_next
-        i0 += BLOCK
+    i0 = a0 + tl.maximum(whole, 1) * BLOCK
+    if i0 < end:
+        offs = i0 + tile
+        ok = offs < end
+        cnt = _compact(tl.load(base + offs, mask=ok, other=0.0), offs, ok, tf, every, cnt, wpos, wval, CAP, True)
     return cnt
 
 
@@ -231,7 +264,8 @@ def _filter_kernel(
         beg = tl.minimum(s * seg, w)
         end = tl.minimum(beg + seg, w)
         base = tl.cast(pid, tl.int64) * CAP
-        cnt = _filter(row, lo, beg, end, t_lo, spos_ptr + base, sval_ptr + base, CAP, BLOCK, True)
+        cnt = _filter(x_ptr + tl.cast(m, tl.int64) * stride_xm, lo + beg, lo + end, t_lo, spos_ptr + base,
+                      sval_ptr + base, CAP, BLOCK)
     tl.store(scnt_ptr + pid, cnt)
 
 
@@ -239,7 +273,7 @@ def _topk_kernel(
     x_ptr, ks_ptr, ke_ptr, out_ptr, val_ptr, wpos_ptr, wval_ptr, spos_ptr, sval_ptr, scnt_ptr,
     M, N, stride_xm, stride_om, stride_vm, topk,
     CAP: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr, SPLIT: tl.constexpr, FBLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -262,7 +296,7 @@ def _topk_kernel(
         n_src = w
         if w > CAP:
             if SPLIT == 0:
-                cnt = _filter(row, lo, 0, w, _guess(row, w, CAP, SAMPLE), wpos, wval, CAP, BLOCK, PREFETCH)
+                cnt = _filter(x_ptr + m64 * stride_xm, lo, hi, _guess(row, w, CAP, SAMPLE), wpos, wval, CAP, FBLOCK)
             else:
                 cnt = 0
                 for s in range(SPLIT):
@@ -341,7 +375,8 @@ def _jitted(interpret: bool) -> tuple[Any, Any]:
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = interpret
         glb = dict(_topk_kernel.__globals__)
-        for f in (_keys, _pick, _guess, _filter):  # in call order: each sees the ones jitted before it
+        # in call order: each sees the ones jitted before it
+        for f in (_keys, _pick, _guess, _threshold, _compact, _filter):
             glb[f.__name__] = triton.jit(_rebound(f, glb))
         return tuple(triton.jit(_rebound(k, glb), do_not_specialize=["M", "N", "topk"])
                      for k in (_topk_kernel, _filter_kernel))
@@ -424,6 +459,7 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         scnt = flat[ends[3]:ends[4]].view(torch.int32) if parts[4] else out
     split = p.split if parts[4] else 0
     interpret = bool(triton.knobs.runtime.interpret)
+    capped = {} if interpret or torch.version.hip else {"maxnreg": SELECT_MAXNREG}
     if logits.device.type == "cpu" and not interpret:
         raise RuntimeError("topk_per_row_triton got CPU tensors: they run only under the Triton interpreter "
                            "(set TRITON_INTERPRET=1)")
@@ -431,12 +467,12 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         if split:
             kernel(interpret, "filter")[(m * split,)](
                 logits, ks, ke, spos, sval, scnt, m, n, logits.stride(0),
-                CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, SPLIT=split, num_warps=cfg.num_warps)
+                CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.filter_block, SPLIT=split, num_warps=cfg.num_warps)
         kernel(interpret)[(p.programs,)](
             logits, ks, ke, out, values if values is not None else out, wpos, wval, spos, sval, scnt,
             m, n, logits.stride(0), out.stride(0), values.stride(0) if values is not None else 0, topk,
             CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
-            VALUES=values is not None, SPLIT=split, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps,
+            VALUES=values is not None, SPLIT=split, FBLOCK=cfg.filter_block, num_warps=cfg.num_warps, **capped,
         )
     return out
 
@@ -449,7 +485,7 @@ def _check_out(name: str, t: torch.Tensor, dtype: torch.dtype, m: int, topk: int
 
 def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131072, topk: int = 2048,
                 values: bool = True, absolute: bool = False, config: TopkConfig | None = None,
-                split: int = 0, prefetch: bool = False, name: str = "select") -> dict[str, Any]:
+                split: int = 0, name: str = "select") -> dict[str, Any]:
     """Build the ``"select"`` (or ``"filter"``) kernel ahead of time for ``target`` (``"sm_90"``,
     ``"gfx942"``, ``"gfx950"``, see ``mqa_provider_gluon.aot.TARGETS``) as a call of that shape
     would launch it; returns the asm dict with the compiled metadata under ``"metadata"``."""
@@ -461,16 +497,20 @@ def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131
     p = plan(1, n, topk, cfg)
     fn = kernel(interpret=False, name=name)
     elem = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
-    consts = {"CAP": p.cap, "SAMPLE": p.sample, "BLOCK": cfg.block, "TAIL": _TAIL, "ABSOLUTE": absolute,
-              "VALUES": values, "SPLIT": split, "PREFETCH": prefetch}
+    consts = {"CAP": p.cap, "SAMPLE": p.sample, "BLOCK": cfg.filter_block if name == "filter" else cfg.block,
+              "TAIL": _TAIL, "ABSOLUTE": absolute,
+              "VALUES": values, "SPLIT": split, "FBLOCK": cfg.filter_block}
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "sval_ptr": f"*{elem}", "val_ptr": "*fp32"}
     signature = {a: ("constexpr" if a in consts else types_.get(a, "*i32" if a.endswith("_ptr") else "i32"))
                  for a in fn.arg_names}
     aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    options: dict[str, Any] = {"num_warps": cfg.num_warps}
+    if name == "select" and target.startswith("sm_"):
+        options["maxnreg"] = SELECT_MAXNREG  # as the launcher passes it on NVIDIA
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs),
-                              target=TARGETS[target], options={"num_warps": cfg.num_warps})
+                              target=TARGETS[target], options=options)
     asm = dict(compiled.asm)
     asm["metadata"] = compiled.metadata
     return asm
