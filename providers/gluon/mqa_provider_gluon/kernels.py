@@ -119,16 +119,17 @@ class MqaKernels:
     def topk_per_row(self, logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk: int, *,
                      positions: str = "relative", return_values: bool = False,
                      workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The Triton radix select (``ops.topk_triton``), rows chunked only where its per-program
-        candidate workspace would not fit ``workspace_bytes``."""
+        """The Triton radix select (``ops.topk_triton``), rows chunked only where its candidate
+        workspace would not fit what ``workspace_bytes`` leaves beside the outputs allocated here."""
         from .ops.topk_triton import topk_per_row_triton
         from .ops.topk_triton import workspace_bytes as topk_workspace
 
         m, n = logits.shape
         out = torch.empty((m, topk), dtype=torch.int32, device=logits.device)
         values = torch.empty((m, topk), dtype=torch.float32, device=logits.device) if return_values else None
+        room = workspace_bytes - m * topk * (8 if return_values else 4)
         rows = m
-        while rows > 1 and topk_workspace(rows, n, topk, logits.dtype) > workspace_bytes:
+        while rows > 1 and topk_workspace(rows, n, topk, logits.dtype) > room:
             rows = (rows + 1) // 2
         for r0 in range(0, m, max(rows, 1)):
             r = slice(r0, min(m, r0 + rows))

@@ -84,9 +84,9 @@ class TopkConfig:
     #: not only split ones: the select kernel then only gathers and selects.
     separate: bool = False
     #: Elements per filter step (both kernels): a thread loads 16 bytes a row of the [filter_block /
-    #: VEC, VEC] tile, so 1024 fp32 with 8 warps is one row a thread (the select kernel at 112
-    #: registers, two programs per SM; 2048: 182 registers, one).
-    filter_block: int = 1024
+    #: VEC, VEC] tile, so 2048 fp32 with 8 warps is two loads a thread, and the next step's two in
+    #: flight while one is compacted (H100: 4k x 128k in 1.89 ms against 2.36 with 1024).
+    filter_block: int = 2048
 
     def __post_init__(self) -> None:
         for k in ("block", "num_warps", "max_programs", "split_target", "filter_block"):
@@ -171,7 +171,7 @@ def _pick(hist, krem):
 
 
 def _guess(row, w, CAP: tl.constexpr, SAMPLE: tl.constexpr):
-    """A 16-bit key prefix ``t_lo`` that about CAP/2 of the window's ``w`` keys reach, from SAMPLE
+    """A 24-bit key prefix ``t_lo`` that about CAP/2 of the window's ``w`` keys reach, from SAMPLE
     keys in groups of 8 contiguous ones spread evenly over the window (needs w > CAP >= SAMPLE)."""
     G: tl.constexpr = SAMPLE // 8
     offs_s = tl.arange(0, SAMPLE)
@@ -181,8 +181,12 @@ def _guess(row, w, CAP: tl.constexpr, SAMPLE: tl.constexpr):
     r = tl.minimum(tl.maximum((CAP // 2 * SAMPLE) // w, 1), SAMPLE)
     b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r)
     in1 = (sk >> 24).to(tl.int32) == b1
-    b2, _ = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
-    return (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16)
+    b2, above2 = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
+    # a third byte: logits packed near one value (a sum over many heads: mean far above the spread)
+    # put more than CAP keys in one 16-bit bucket, and 24 bits keep the guess near CAP/2
+    in2 = in1 & (((sk >> 16) & 0xFF).to(tl.int32) == b2)
+    b3, _ = _pick(tl.histogram(((sk >> 8) & 0xFF).to(tl.int32), 256, mask=in2), r - above - above2)
+    return (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16) | (b3.to(tl.uint32) << 8)
 
 
 def _threshold(t_lo):
