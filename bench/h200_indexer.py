@@ -32,7 +32,11 @@ give). Prints one JSON line per row as it goes and a short table last; ``--out``
 FlashInfer, and the Triton radix select under each ``--variants`` launch config (``TopkConfig``
 fields, ``+``-joined, e.g. ``separate=1+filter_block=2048``; ``default`` is the shipped one). Every variant
 must give the default's positions bit for bit. ``--profile`` prints the CUDA kernels of one
-``composed`` call per shape (torch.profiler), to see where its time goes.
+``composed`` call per shape (torch.profiler), to see where its time goes. ``--memory gluon,triton``
+shows where each named provider's top-k ops put their peak at the kit's memory-case shapes (prefill
+M=512 N=131072 causal, paged B=64 next_n=2 ctx 32768; H=16, D=64, topk 2048 with values, a 16 MiB
+workspace): the call once to warm up, then once under ``torch.cuda.memory._record_memory_history``,
+replayed to the peak; the allocations alive there, by the line of this checkout that made them.
 """
 
 from __future__ import annotations
@@ -318,7 +322,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-VARIANTS = "default,filter_block=2048,separate=1,separate=1+filter_block=2048,split_target=1,split_target=1024,block=1024+num_warps=4"
+VARIANTS = "default,filter_block=1024,separate=1,block=1024+num_warps=4,split_target=1,split_target=1024"
 
 
 def topk_config(spec: str) -> Any:
@@ -393,6 +397,72 @@ def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool) -> No
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
 
 
+
+# ---- --memory: where a top-k op's peak goes ------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _memory_args(op: str, device: torch.device) -> tuple[Any, ...]:
+    from mqa_core.spec import Problem
+    from mqa_core.testing.data import make_inputs, make_paged_inputs
+
+    if op == "fp8_mqa_topk":
+        return make_inputs(Problem(512, 131072, 16, 64), device=device, window="causal", seed=1).args()
+    return make_paged_inputs(64, 2, 16, 64, 32768, device=device, seed=1).args()
+
+
+def _where(frames: list[dict[str, Any]]) -> str:
+    """The innermost frame inside this checkout but outside this script, as ``file:line function``."""
+    for f in frames:
+        name = f.get("filename", "")
+        if name.startswith(ROOT) and not name.endswith("h200_indexer.py"):
+            return f"{os.path.relpath(name, ROOT)}:{f.get('line')} {f.get('name')}"
+    return "(outside this checkout)"
+
+
+def memory(provider_name: str, op: str, device: torch.device, workspace: int = 16 << 20, top: int = 10) -> None:
+    from mqa_core.arch import arch_of_device
+    from mqa_core.testing.providers import provider_named
+
+    provider = provider_named(provider_name, arch_of_device(device), op=op)
+    args = _memory_args(op, device)
+
+    def call() -> Any:
+        return getattr(provider, op)(*args, 2048, return_values=True, workspace_bytes=workspace)
+
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    idx, vals = call()
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    counted = torch.cuda.max_memory_allocated() - base - idx.untyped_storage().nbytes() \
+        - vals.untyped_storage().nbytes()
+    live: dict[int, tuple[int, str]] = {}
+    now = best = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for trace in snap["device_traces"]:
+        for e in trace:
+            if e["action"] == "alloc":
+                live[e["addr"]] = (e["size"], _where(e.get("frames", [])))
+                now += e["size"]
+            elif e["action"] == "free_requested" and e["addr"] in live:
+                now -= live.pop(e["addr"])[0]
+            if now > best:
+                best, at_peak = now, dict(live)
+    by_line: dict[str, list[int]] = {}
+    for size, where in at_peak.values():
+        by_line.setdefault(where, []).append(size)
+    print(f"memory: {provider_name} {op}, workspace {workspace / 2**20:g} MiB: peak extra (the kit's count) "
+          f"{counted / 2**20:.2f} MiB; allocated by the call at its peak {best / 2**20:.2f} MiB (outputs in)")
+    for where, sizes in sorted(by_line.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        print(f"  {sum(sizes) / 2**20:8.2f} MiB  x{len(sizes):<3d} {where}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -406,6 +476,8 @@ def main() -> None:
     ap.add_argument("--select", action="store_true", help="time the selection alone, under --variants")
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one composed call a shape")
+    ap.add_argument("--memory", default="", help="comma-separated providers: where each one's top-k ops put "
+                    "their peak memory (GPU)")
     args = ap.parse_args()
     smoke = args.smoke or not torch.cuda.is_available()
     device = torch.device("cpu" if smoke else "cuda")
@@ -418,6 +490,11 @@ def main() -> None:
         print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     wanted = [w for w in args.only.split(",") if w]
     shapes = [s for s in (SMOKE if smoke else SHAPES) if not wanted or any(w in s.name for w in wanted)]
+    if args.memory and device.type == "cuda":
+        for name in args.memory.split(","):
+            for op in ("fp8_mqa_topk", "fp8_paged_mqa_topk"):
+                memory(name, op, device)
+        return
     if args.profile and device.type == "cuda":
         for s in shapes:
             profile(s, dg, fi, device, smoke)
