@@ -79,8 +79,10 @@ def run_kit(pytester: pytest.Pytester, names: list[str], *args: str) -> tuple[py
         failure = tc.find("failure")
         outcome = ("failed" if failure is not None else "skipped" if tc.find("skipped") is not None
                    else "passed")
-        per[provider][test].append((params.rstrip("]"), outcome, failure.get("message", "") if failure is not None
-                                    else ""))
+        # junitxml shortens a long message (the tail then reads "[truncated; full report in element
+        # text]"): the assertions below look for words near the end, so the text goes along too
+        text = "" if failure is None else failure.get("message", "") + "\n" + (failure.text or "")
+        per[provider][test].append((params.rstrip("]"), outcome, text))
     return result, per
 
 
