@@ -189,7 +189,7 @@ def bf16_checks(torch: Any, mqa_core: Any, device: Any) -> list[dict[str, Any]]:
 
     out = []
     x = make_inputs(Problem(512, 4096, 64, 128), window="causal", seed=1, device=device)
-    ref = x.reference()
+    ref = x.reference().to(device)  # the float64 reference is computed on the CPU
     f32 = mqa_core.fp8_mqa_logits(*x.args())
     b16 = mqa_core.fp8_mqa_logits(*x.args(), logits_dtype=torch.bfloat16)
     inside = torch.isfinite(ref)
@@ -200,7 +200,7 @@ def bf16_checks(torch: Any, mqa_core: Any, device: Any) -> list[dict[str, Any]]:
                 "calc_diff fp32": float(calc_diff(f32[inside], ref[inside])),
                 "calc_diff bf16": float(calc_diff(b16[inside].float(), ref[inside]))})
     p = make_paged_inputs(16, 2, 64, 128, 3000, block_size=64, lens_2d=True, seed=2, device=device)
-    ref = p.reference()
+    ref = p.reference().to(device)
     f32 = mqa_core.fp8_paged_mqa_logits(*p.args())
     b16 = mqa_core.fp8_paged_mqa_logits(*p.args(), logits_dtype=torch.bfloat16)
     inside = torch.isfinite(ref)
