@@ -359,8 +359,10 @@ def plan(m: int, n: int, h: int, d: int, topk: int, w_max: int, workspace_bytes:
     ns = _round16(-(-n // s)) if s else 0
     sample_row = (4 * ns + ns + _sort_bytes(r, 4) + 4 * r + _sort_bytes(ns, 4) // 8) if s else 0
     # Candidate stage, the largest of its moments: pos+val+mask+sort(out+scratch), then sorted pos +
-    # gathered values + select.
-    cand_row = max(8 * cap + cap + _sort_bytes(cap, 4), 8 * cap + SELECT_BYTES_PER_CELL * cap + 16 * topk)
+    # gathered values + select. Without a sample every row is dense: its candidates come in position
+    # order and are not sorted.
+    sort = _sort_bytes(cap, 4) if s else 0
+    cand_row = max(8 * cap + cap + sort, 8 * cap + SELECT_BYTES_PER_CELL * cap + 16 * topk)
     per_row = max(sample_row, cand_row) + _ROW_BYTES
     return {"stride": s, "rank": r, "capacity": cap, "sample_cols": ns, "sample_row_bytes": sample_row,
             "candidate_row_bytes": cand_row, "row_bytes": per_row,
