@@ -1025,12 +1025,13 @@ class PreparedCall:
         """``logits_dtype``: as for ``mqa_logits_triton.PreparedCall``."""
         k, k_scale = kv
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-        dtype = self.logits_dtype if logits_dtype is None else logits_dtype
+        other_dtype = logits_dtype is not None and logits_dtype is not self.logits_dtype
         # a profiler's hook sees every launch (Triton's own path); other alignments, another kernel
-        if hooks_active() or dtype != self.logits_dtype or (
+        if hooks_active() or other_dtype or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15
                 if self.residues is None else residues(ptrs) != self.residues):
-            return fp8_mqa_logits_gluon(q, k, k_scale, weights, ks, ke, self.clean_logits, logits_dtype=dtype)
+            return fp8_mqa_logits_gluon(q, k, k_scale, weights, ks, ke, self.clean_logits,
+                                        logits_dtype=logits_dtype or self.logits_dtype)
         plan = self.plan
         out = torch.empty_strided(self.size, (self.n_pad, 1), dtype=self.logits_dtype, device=plan.device)
         out_ptrs: tuple[int, ...] = (out.data_ptr(),)

@@ -533,11 +533,12 @@ class PreparedCall:
         signature fixed it, and another one takes the full path."""
         k, k_scale = kv
         ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
-        dtype = self.logits_dtype if logits_dtype is None else logits_dtype
-        if triton.knobs.runtime.interpret or hooks_active() or dtype != self.logits_dtype or (
+        other_dtype = logits_dtype is not None and logits_dtype is not self.logits_dtype
+        if triton.knobs.runtime.interpret or hooks_active() or other_dtype or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
-            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits, logits_dtype=dtype)
+            return fp8_mqa_logits_triton(q, k, k_scale, weights, ks, ke, self.clean_logits,
+                                         logits_dtype=logits_dtype or self.logits_dtype)
         out = torch.empty_strided(self.size, (self.row, 1), dtype=self.logits_dtype, device=self.plan.device)
         _launch_bound(self.bound, self.plan, self.grid, ptrs, self.strides, k, out.data_ptr(), *self.size,
                       self.row, self.splits, self.tiles_per_split)

@@ -1069,12 +1069,13 @@ class PreparedCall:
                  logits_dtype: torch.dtype | None = None) -> torch.Tensor:
         """``logits_dtype``: as for ``mqa_logits_triton.PreparedCall``."""
         ptrs = _ptrs(q, kv_cache, weights, context_lens, block_tables)
-        dtype = self.logits_dtype if logits_dtype is None else logits_dtype
-        if hooks_active() or (self.scheduled and schedule is None) or dtype != self.logits_dtype or (
+        other_dtype = logits_dtype is not None and logits_dtype is not self.logits_dtype
+        if hooks_active() or (self.scheduled and schedule is None) or other_dtype or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_gluon(q, kv_cache, weights, context_lens, block_tables, self.max_context_len,
-                                              self.clean_logits, schedule=_usable(schedule, q), logits_dtype=dtype)
+                                              self.clean_logits, schedule=_usable(schedule, q),
+                                              logits_dtype=logits_dtype or self.logits_dtype)
         return _run(self.launch, q, kv_cache, weights, ptrs, self.size, self.index, self.tail,
                     schedule.data_ptr() if self.scheduled else 0, self.logits_dtype)
 

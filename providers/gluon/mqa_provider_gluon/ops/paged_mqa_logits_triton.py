@@ -763,14 +763,15 @@ class PreparedCall:
                  logits_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The call; ``schedule`` (mqa-core's call hint) is not read: this kernel splits the batch itself.
         ``logits_dtype``: as for ``mqa_logits_triton.PreparedCall``."""
-        dtype = self.logits_dtype if logits_dtype is None else logits_dtype
         ptrs = (q.data_ptr(), kv_cache.data_ptr(), weights.data_ptr(), context_lens.data_ptr(),
                 block_tables.data_ptr())
-        if triton.knobs.runtime.interpret or hooks_active() or dtype != self.logits_dtype or (
+        other_dtype = logits_dtype is not None and logits_dtype is not self.logits_dtype
+        if triton.knobs.runtime.interpret or hooks_active() or other_dtype or (
                 (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 if self.residues is None
                 else residues(ptrs) != self.residues):
             return fp8_paged_mqa_logits_triton(q, kv_cache, weights, context_lens, block_tables,
-                                               self.max_context_len, self.clean_logits, logits_dtype=dtype)
+                                               self.max_context_len, self.clean_logits,
+                                               logits_dtype=logits_dtype or self.logits_dtype)
         out = _new_output(*self.size, q.device, self.logits_dtype)  # as every output here (the tests poison it)
         launch = self.launch
         kv_ptr = ptrs[1]
