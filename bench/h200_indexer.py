@@ -383,19 +383,113 @@ def select_table(rows: list[dict[str, Any]], variants: list[str]) -> str:
     return "\n".join(lines)
 
 
-def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool) -> None:
-    """The CUDA kernels of one ``composed`` call, by total time (the first 12)."""
+def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, workspaces: list[float]) -> None:
+    """One ``composed`` call under torch.profiler: its wall time against the time kernels ran (idle
+    GPU between kernels is host work the GPU waited for), and its kernels by total time; then the
+    call's time at each ``--workspace`` bound (MiB), to see what the row chunks cost."""
     x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, "rand", device)
     call = columns(s, x, None, None, smoke)["composed"]
     call()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
                                             torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
         call()
         torch.cuda.synchronize()
-    print(f"profile: composed {s.name}")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+        wall = (time.perf_counter() - t) * 1e3
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
+    span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 1e3 if kernels else 0
+    print(f"profile: composed {s.name}: wall {wall:.2f} ms, first kernel to last {span:.2f} ms, kernels busy "
+          f"{busy:.2f} ms, {len(kernels)} kernels")
+    by: dict[str, list[float]] = {}
+    for e in kernels:
+        by.setdefault(e.name[:60], []).append(e.time_range.elapsed_us() / 1e3)
+    for name, ts in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:10]:
+        print(f"  {sum(ts):8.3f} ms {len(ts):4d}x  median {statistics.median(ts):.3f}  {name}")
+    from mqa_core.composed import KERNELS, composed_spec
+    from mqa_core.provider import Provider
 
+    p = Provider(composed_spec(), KERNELS)
+    for mib in workspaces:
+        wb = int(mib * 2**20)
+        if s.kind == "decode":
+            q, cache, w, lens, tables, n = x
+            one = lambda: p.fp8_paged_mqa_topk(q, cache, w, lens, tables, n, s.topk, workspace_bytes=wb)  # noqa: E731
+        else:
+            q, kv, w, ks, ke = x
+            one = lambda: p.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute",  # noqa: E731
+                                         workspace_bytes=wb)
+        try:
+            one()
+            print(f"  workspace {mib:6.0f} MiB: {event_ms(one, device, 5):8.3f} ms, peak {peak_mib(one, device)} MiB",
+                  flush=True)
+        except Exception as exc:  # noqa: BLE001 - a bound too small for the shape says so
+            print(f"  workspace {mib:6.0f} MiB: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        torch.cuda.empty_cache()
+
+
+def _keys_int(x: torch.Tensor) -> torch.Tensor:
+    """The select kernel's order-preserving keys (``topk_triton._keys``) as int64 in [0, 2**32)."""
+    x = torch.where(x == 0, torch.zeros_like(x), x.float())
+    b = x.view(torch.int32).long()
+    k = torch.where(b < 0, ~b & 0xFFFFFFFF, b | 0x80000000)
+    return torch.where(torch.isnan(x), torch.zeros_like(k), k)
+
+
+def guess_model(window: torch.Tensor, cap: int, sample: int) -> int:
+    """``topk_triton._guess`` in torch: the 24-bit key prefix the kernel should derive for one window."""
+    w = window.numel()
+    g = sample // 8
+    o = torch.arange(sample, device=window.device)
+    at = ((o // 8) * (w - 8)) // (g - 1) + o % 8
+    sk = _keys_int(window[at])
+    r = min(max(cap // 2 * sample // w, 1), sample)
+    keep = torch.ones_like(sk, dtype=torch.bool)
+    prefix = 0
+    for shift in (24, 16, 8):
+        hist = torch.bincount(((sk >> shift) & 0xFF)[keep], minlength=256)
+        ge = hist.flip(0).cumsum(0).flip(0)  # keys in this bin or above
+        b = int((ge >= r).sum()) - 1
+        r -= int(ge[b] - hist[b])
+        prefix |= b << shift
+        keep &= ((sk >> shift) & 0xFF) == b
+    return prefix
+
+
+def counts(s: Shape, device: torch.device, topks: tuple[int, ...] = (512, 1024, 2048)) -> None:
+    """Why a selection is slow: per topk, the filter's candidate counts on the device (the separate
+    filter kernel's, read from its workspace) against :func:`guess_model`'s on the same logits; rows
+    outside [K, CAP] take the whole-window fallback. Then the select's time at each topk."""
+    from mqa_provider_gluon.ops.topk_triton import TopkConfig, plan, topk_per_row_triton, workspace_bytes
+
+    x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, "rand", device)
+    logits, ks, ke = dense_logits(s, x, False)
+    ks, ke = ks.int(), ke.int()
+    m, n = logits.shape
+    for k in topks:
+        cfg = TopkConfig(separate=True)
+        p = plan(m, n, k, cfg)
+        ws = torch.empty(workspace_bytes(m, n, k, config=cfg), dtype=torch.uint8, device=device)
+        topk_per_row_triton(logits, ks, ke, k, workspace=ws, config=cfg)
+        got = ws[-m * p.split * 4:].view(torch.int32).view(m, p.split).sum(1).tolist() if p.split else []
+        model = []
+        for r in range(m) if p.split else ():
+            lo, hi = max(int(ks[r]), 0), min(int(ke[r]), n)
+            if hi - lo <= p.cap:
+                model.append(0)
+                continue
+            t = guess_model(logits[r, lo:hi], p.cap, p.sample)
+            model.append(int((_keys_int(logits[r, lo:hi]) >= t).sum()))
+        kk = [min(k, max(min(int(b), n) - max(int(a), 0), 0)) for a, b in zip(ks.tolist(), ke.tolist())]
+        out = [r for r, c in enumerate(got) if not kk[r] <= c <= p.cap and c]
+        diff = [r for r, (a, b) in enumerate(zip(got, model)) if a != b]
+        ms = replay_ms(lambda: topk_per_row_triton(logits, ks, ke, k), device)[0] if s.kind == "decode" else \
+            event_ms(lambda: topk_per_row_triton(logits, ks, ke, k), device, 5)
+        print(f"counts {s.name} topk {k}: cap {p.cap} sample {p.sample} split {p.split}; device counts "
+              f"{min(got, default=0)}..{max(got, default=0)}, {len(out)} rows out of [K, CAP] {out[:8]}; model "
+              f"{min(model, default=0)}..{max(model, default=0)}; {len(diff)} rows differ from the model "
+              f"{[(r, got[r], model[r]) for r in diff[:4]]}; select {ms:.4f} ms", flush=True)
 
 
 # ---- --memory: where a top-k op's peak goes ------------------------------------------------------
@@ -476,6 +570,10 @@ def main() -> None:
     ap.add_argument("--select", action="store_true", help="time the selection alone, under --variants")
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one composed call a shape")
+    ap.add_argument("--workspace", default="", help="with --profile: comma-separated MQA_WORKSPACE_MB figures "
+                    "to time the composed call at")
+    ap.add_argument("--counts", action="store_true", help="the select's filter counts on the device against a "
+                    "model of its threshold guess, and its time at topk 512/1024/2048 (rand inputs)")
     ap.add_argument("--memory", default="", help="comma-separated providers: where each one's top-k ops put "
                     "their peak memory (GPU)")
     args = ap.parse_args()
@@ -497,7 +595,11 @@ def main() -> None:
         return
     if args.profile and device.type == "cuda":
         for s in shapes:
-            profile(s, dg, fi, device, smoke)
+            profile(s, dg, fi, device, smoke, [float(w) for w in args.workspace.split(",") if w])
+        return
+    if args.counts and device.type == "cuda":
+        for s in shapes:
+            counts(s, device)
         return
     if args.select:
         variants = args.variants.split(",")
