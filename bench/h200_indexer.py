@@ -407,6 +407,19 @@ def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, works
         by.setdefault(e.name[:60], []).append(e.time_range.elapsed_us() / 1e3)
     for name, ts in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:10]:
         print(f"  {sum(ts):8.3f} ms {len(ts):4d}x  median {statistics.median(ts):.3f}  {name}")
+    import cProfile
+    import io
+    import pstats
+
+    host = cProfile.Profile()
+    host.enable()
+    call()
+    host.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(12)
+    print("  host, by own time:\n" + "\n".join("    " + ln for ln in text.getvalue().splitlines()
+                                                if ln.strip() and "/" in ln or "ncalls" in ln))
     from mqa_core.composed import KERNELS, composed_spec
     from mqa_core.provider import Provider
 

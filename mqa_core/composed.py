@@ -17,7 +17,7 @@ functions, so a provider that composes its own kernels (torch_ref) reuses them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -60,30 +60,39 @@ def split_workspace(workspace_bytes: int, topk: int, return_values: bool) -> tup
     return half // _CELL, workspace_bytes - half
 
 
-def plan_prefill(ks: list[int], ke: list[int], n: int, cells: int, topk: int, return_values: bool,
+def plan_prefill(ks: Sequence[int], ke: Sequence[int], n: int, cells: int, topk: int, return_values: bool,
                  op: str = "fp8_mqa_topk") -> list[Chunk]:
     """Consecutive rows while ``rows * (hi - lo)`` logits plus their ``rows * topk`` outputs fit
-    ``cells``; raises ValueError (before any kernel runs) when one row's window alone does not."""
-    out_cells = 2 if return_values else 1
+    ``cells`` (``[lo, hi)``: the union of the rows' windows; an empty window widens nothing); raises
+    ValueError (before any kernel runs) when one row's window alone does not.
+
+    Vectorised (numpy, one pass per chunk over the rows a chunk could hold at most): a packed batch
+    has tens of thousands of rows, and a Python loop over them cost more host time than the kernels
+    of the whole call."""
+    import numpy as np
+
+    out = (2 if return_values else 1) * topk
+    a = np.clip(np.asarray(ks, dtype=np.int64), 0, None)
+    b = np.clip(np.asarray(ke, dtype=np.int64), None, n)
+    empty = a >= b
+    a, b = np.where(empty, n, a), np.where(empty, 0, b)
+    own = np.maximum(b - a, 0) + out
+    if own.size and int(own.max()) > cells:
+        r = int(np.argmax(own > cells))
+        raise ValueError(f"{op}: row {r}'s window [{a[r]}, {b[r]}) needs {(b[r] - a[r]) * _CELL / 2**20:.1f} MiB of "
+                         f"logits, more than half the workspace ({2 * cells * _CELL / 2**20:.0f} MiB); raise "
+                         "MQA_WORKSPACE_MB")
+    most = cells // max(out, 1) + 1  # every row costs at least its outputs
     chunks: list[Chunk] = []
-    r0, lo, hi = 0, n, 0
-    for r, (a, b) in enumerate(zip(ks, ke)):
-        a, b = max(a, 0), min(b, n)
-        if a >= b:  # an empty window widens nothing
-            a, b = lo, hi
-        nlo, nhi = min(lo, a), max(hi, b)
-        rows = r - r0 + 1
-        if rows * (max(nhi - nlo, 0) + out_cells * topk) > cells and rows > 1:
-            chunks.append(Chunk(r0, r, lo, hi))
-            r0, lo, hi = r, n, 0
-            nlo, nhi = (a, b) if a < b else (n, 0)
-        if max(nhi - nlo, 0) + out_cells * topk > cells:
-            raise ValueError(f"{op}: row {r}'s window [{a}, {b}) needs {(b - a) * _CELL / 2**20:.1f} MiB of logits, "
-                             f"more than half the workspace ({2 * cells * _CELL / 2**20:.0f} MiB); raise "
-                             "MQA_WORKSPACE_MB")
-        lo, hi = nlo, nhi
-    if r0 < len(ks):
-        chunks.append(Chunk(r0, len(ks), lo, hi))
+    r0, m = 0, len(a)
+    while r0 < m:
+        lo = np.minimum.accumulate(a[r0:r0 + most])
+        hi = np.maximum.accumulate(b[r0:r0 + most])
+        cost = np.arange(1, len(lo) + 1) * (np.maximum(hi - lo, 0) + out)
+        over = cost > cells
+        j = int(np.argmax(over)) if over.any() else len(lo)  # rows in this chunk (>= 1: own <= cells)
+        chunks.append(Chunk(r0, r0 + j, int(lo[j - 1]), int(hi[j - 1])))
+        r0 += j
     return chunks
 
 
@@ -107,8 +116,7 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     q_rows = q[0] if isinstance(q, (tuple, list)) else q
     m, n = q_rows.shape[0], k.shape[0]
     cells, select_bytes = split_workspace(workspace_bytes, topk, return_values)
-    ks_h, ke_h = ks.tolist(), ke.tolist()
-    chunks = plan_prefill(ks_h, ke_h, n, cells, topk, return_values)
+    chunks = plan_prefill(ks.cpu().numpy(), ke.cpu().numpy(), n, cells, topk, return_values)
     device = q_rows.device
     if len(chunks) == 1 and chunks[0].lo == 0 and chunks[0].hi >= n:
         logits = logits_fn(q, kv, weights, ks, ke)

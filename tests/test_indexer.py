@@ -148,6 +148,42 @@ def _provider(name: str, op: str, monkeypatch: pytest.MonkeyPatch) -> mqa_core.P
         mqa_core.reload()
 
 
+def _greedy_chunks(ks: list[int], ke: list[int], n: int, cells: int, out: int) -> list[tuple[int, int, int, int]]:
+    """The chunk rule row by row: a row joins the chunk while rows * (union span) + rows * out fit."""
+    chunks, r0, lo, hi = [], 0, n, 0
+    for r, (a, b) in enumerate(zip(ks, ke)):
+        a, b = max(a, 0), min(b, n)
+        a, b = (a, b) if a < b else (n, 0)
+        nlo, nhi = min(lo, a), max(hi, b)
+        if (r - r0 + 1) * (max(nhi - nlo, 0) + out) > cells:
+            chunks.append((r0, r, lo, hi))
+            r0, nlo, nhi = r, a, b
+        lo, hi = nlo, nhi
+    return chunks + [(r0, len(ks), lo, hi)] if r0 < len(ks) else chunks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chunk_plan_is_the_row_by_row_rule(seed: int) -> None:
+    """plan_prefill (vectorised: a packed batch has tens of thousands of rows) gives the chunks of the
+    row-by-row rule on ragged, empty, out-of-range and packed windows, and refuses a row that cannot
+    fit alone before any chunk is planned."""
+    g = torch.Generator().manual_seed(seed)
+    m, n = 300, 1000
+    a = torch.randint(-50, n, (m,), generator=g)
+    b = a + torch.randint(-20, 400, (m,), generator=g)
+    if seed % 2:  # packed requests, causal inside each
+        r = torch.arange(m)
+        a, b = (r // 37) * 37, r + 1
+    ks, ke = a.tolist(), b.tolist()
+    for cells, values in ((4000, False), (9000, True), (10**7, False)):
+        out = (2 if values else 1) * 16
+        got = [(c.r0, c.r1, c.lo, c.hi) for c in composed.plan_prefill(a.numpy(), b.numpy(), n, cells, 16, values)]
+        assert got == _greedy_chunks(ks, ke, n, cells, out)
+        assert got[0][0] == 0 and got[-1][1] == m and all(x[1] == y[0] for x, y in zip(got, got[1:]))
+    with pytest.raises(ValueError, match="row 3's window"):
+        composed.plan_prefill([0, 0, 0, 0], [10, 10, 10, 900], n, 500, 16, False)
+
+
 @pytest.mark.parametrize("positions", ["relative", "absolute"])
 @pytest.mark.parametrize("inputs", ["causal", "packed"])
 def test_composed_chunked_equals_unchunked_and_torch_ref(monkeypatch: pytest.MonkeyPatch, positions: str,

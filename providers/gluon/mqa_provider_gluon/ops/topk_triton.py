@@ -9,9 +9,13 @@ Algorithm, per row (one program owns whole rows; a fixed grid of ``min(M, max_pr
 strides over the rows, so a row's result depends on nothing but its own data and window):
 
 1. **Threshold guess from a sample** (windows longer than the candidate capacity ``CAP``): ``SAMPLE``
-   keys in groups of 8 contiguous ones spread evenly over the window; two 8-bit radix-histogram passes
-   over the sample (in registers) give a 16-bit key prefix ``t_lo`` that about ``CAP / 2`` of the
-   window's keys reach (``SAMPLE`` is chosen so that this is >= 64 sample keys).
+   keys in groups of 8 contiguous ones spread evenly over the window; three 8-bit radix-histogram
+   passes over the sample (in registers) give a 24-bit key prefix ``t_lo`` that about ``AIM`` of the
+   window's keys reach. ``AIM = sqrt(topk * CAP)``, the geometric middle of ``[topk, CAP]``, so an
+   estimate off by ``sqrt(CAP / topk)`` either way still fits; ``SAMPLE`` is chosen so that ``AIM``
+   is >= 64 sample keys (at most 8192 keys), and ``CAP`` grows for long windows until the estimate's
+   spread, about ``1 / sqrt(sample keys above)``, keeps five standard deviations inside the range
+   (see :func:`plan`).
 2. **Filter** (one read of the window): keys >= ``t_lo`` are compacted, in position order
    (``tl.cumsum`` in a block plus a running offset), into this program's workspace: ``CAP``
    positions and ``CAP`` values. If the count lands in ``[K, CAP]`` (K = min(topk, window)) the
@@ -110,23 +114,46 @@ class TopkPlan(NamedTuple):
     sample: int
     #: Segments the filter kernel cuts a long window into (0: the select kernel filters it).
     split: int
+    #: How many candidates the threshold guess aims at: sqrt(topk * cap).
+    aim: int
+
+
+#: Sample keys the guess aims to have above its threshold (its relative error is about 1/sqrt of it).
+_ABOVE = 64
+#: The largest sample (registers: 32 keys a thread at 8 warps).
+_SAMPLE_MAX = 8192
+#: Standard deviations of the estimate that must fit inside [topk, CAP] on each side.
+_SIGMAS = 5.0
 
 
 def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
-    """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size, split.
+    """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size, split, aim.
 
-    CAP = 4*topk rounded up to a power of two (>= 2048): the threshold guess aims at CAP/2
-    candidates, so a sample estimate off by 2x either way still fits. SAMPLE (a power of two,
-    256..min(8192, CAP)) puts >= 64 sample keys above the guess for windows up to N. ``split``
-    segments per long window when rows are fewer than ``config.split_target`` (each at least 4
-    blocks). None of these changes the result."""
-    cap = max(2048, triton.next_power_of_2(4 * max(topk, 1)))
-    sample = max(256, min(8192, cap, triton.next_power_of_2(-(-128 * max(n, 1) // cap))))
+    CAP starts at 4*topk rounded up to a power of two (>= 2048); the guess aims at AIM = sqrt(topk *
+    CAP) candidates, so an estimate off by rho = sqrt(CAP / topk) either way still fits. With ``a``
+    sample keys above the threshold the estimate's log spread is about 1/sqrt(a), so CAP doubles
+    while the largest sample (8192) over a window of N keys puts fewer than (5 / ln rho)^2 keys above
+    AIM: long windows and small topk (1M keys, topk 512: CAP 8192) would otherwise miss the range on
+    some rows, and each miss reads its whole window five times. SAMPLE (a power of two, 256..8192)
+    then puts >= 64 sample keys above AIM where it can. ``split``: segments per long window when
+    rows are fewer than ``config.split_target`` (each at least 4 blocks). None of these changes the
+    result."""
+    import math
+
+    k = max(topk, 1)
+    cap = max(2048, triton.next_power_of_2(4 * k))
+    while True:
+        aim = math.isqrt(k * cap)
+        need = (_SIGMAS / math.log(math.sqrt(cap / k))) ** 2
+        if aim * _SAMPLE_MAX >= need * max(n, 1) or cap >= 16 * k:
+            break
+        cap *= 2
+    sample = max(256, min(_SAMPLE_MAX, triton.next_power_of_2(-(-_ABOVE * max(n, 1) // aim))))
     split = 0  # no filter kernel
     if m and n > cap:
         split = max(1, min(config.split_target // m, n // (4 * config.filter_block)))
         split = 0 if split == 1 and not config.separate else split
-    return TopkPlan(max(1, min(m, config.max_programs)), cap, sample, split)
+    return TopkPlan(max(1, min(m, config.max_programs)), cap, sample, split, aim)
 
 
 def workspace_bytes(m: int, n: int, topk: int, dtype: torch.dtype = torch.float32,
@@ -170,15 +197,16 @@ def _pick(hist, krem):
     return b, above
 
 
-def _guess(row, w, CAP: tl.constexpr, SAMPLE: tl.constexpr):
-    """A 24-bit key prefix ``t_lo`` that about CAP/2 of the window's ``w`` keys reach, from SAMPLE
-    keys in groups of 8 contiguous ones spread evenly over the window (needs w > CAP >= SAMPLE)."""
+def _guess(row, w, AIM: tl.constexpr, SAMPLE: tl.constexpr):
+    """A 24-bit key prefix ``t_lo`` that about AIM of the window's ``w`` keys reach, from SAMPLE
+    keys in groups of 8 contiguous ones spread evenly over the window (needs w > 8; a window shorter
+    than SAMPLE is sampled with repeats, which keeps the estimate's density right)."""
     G: tl.constexpr = SAMPLE // 8
     offs_s = tl.arange(0, SAMPLE)
     grp = (offs_s // 8).to(tl.int64)
     at = (grp * (w - 8)) // (G - 1) + offs_s % 8
     sk = _keys(tl.load(row + at))
-    r = tl.minimum(tl.maximum((CAP // 2 * SAMPLE) // w, 1), SAMPLE)
+    r = tl.minimum(tl.maximum((AIM * SAMPLE) // w, 1), SAMPLE)
     b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r)
     in1 = (sk >> 24).to(tl.int32) == b1
     b2, above2 = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
@@ -249,7 +277,7 @@ def _filter(base, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.const
 
 def _filter_kernel(
     x_ptr, ks_ptr, ke_ptr, spos_ptr, sval_ptr, scnt_ptr, M, N, stride_xm,
-    CAP: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+    CAP: tl.constexpr, AIM: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Program ``pid`` filters segment ``pid % SPLIT`` of row ``pid // SPLIT``'s window (when it is
     longer than CAP) into its own CAP slots, and writes its count; every segment of a row derives the
@@ -263,7 +291,7 @@ def _filter_kernel(
     cnt = 0
     if w > CAP:
         row = x_ptr + tl.cast(m, tl.int64) * stride_xm + lo
-        t_lo = _guess(row, w, CAP, SAMPLE)
+        t_lo = _guess(row, w, AIM, SAMPLE)
         seg = tl.cdiv(tl.cdiv(w, SPLIT), BLOCK) * BLOCK
         beg = tl.minimum(s * seg, w)
         end = tl.minimum(beg + seg, w)
@@ -276,7 +304,7 @@ def _filter_kernel(
 def _topk_kernel(
     x_ptr, ks_ptr, ke_ptr, out_ptr, val_ptr, wpos_ptr, wval_ptr, spos_ptr, sval_ptr, scnt_ptr,
     M, N, stride_xm, stride_om, stride_vm, topk,
-    CAP: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
+    CAP: tl.constexpr, AIM: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
     ABSOLUTE: tl.constexpr, VALUES: tl.constexpr, SPLIT: tl.constexpr, FBLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -300,7 +328,7 @@ def _topk_kernel(
         n_src = w
         if w > CAP:
             if SPLIT == 0:
-                cnt = _filter(x_ptr + m64 * stride_xm, lo, hi, _guess(row, w, CAP, SAMPLE), wpos, wval, CAP, FBLOCK)
+                cnt = _filter(x_ptr + m64 * stride_xm, lo, hi, _guess(row, w, AIM, SAMPLE), wpos, wval, CAP, FBLOCK)
             else:
                 cnt = 0
                 for s in range(SPLIT):
@@ -471,11 +499,11 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         if split:
             kernel(interpret, "filter")[(m * split,)](
                 logits, ks, ke, spos, sval, scnt, m, n, logits.stride(0),
-                CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.filter_block, SPLIT=split, num_warps=cfg.num_warps)
+                CAP=p.cap, AIM=p.aim, SAMPLE=p.sample, BLOCK=cfg.filter_block, SPLIT=split, num_warps=cfg.num_warps)
         kernel(interpret)[(p.programs,)](
             logits, ks, ke, out, values if values is not None else out, wpos, wval, spos, sval, scnt,
             m, n, logits.stride(0), out.stride(0), values.stride(0) if values is not None else 0, topk,
-            CAP=p.cap, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
+            CAP=p.cap, AIM=p.aim, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
             VALUES=values is not None, SPLIT=split, FBLOCK=cfg.filter_block, num_warps=cfg.num_warps, **capped,
         )
     return out
@@ -501,8 +529,8 @@ def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131
     p = plan(1, n, topk, cfg)
     fn = kernel(interpret=False, name=name)
     elem = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
-    consts = {"CAP": p.cap, "SAMPLE": p.sample, "BLOCK": cfg.filter_block if name == "filter" else cfg.block,
-              "TAIL": _TAIL, "ABSOLUTE": absolute,
+    consts = {"CAP": p.cap, "AIM": p.aim, "SAMPLE": p.sample,
+              "BLOCK": cfg.filter_block if name == "filter" else cfg.block, "TAIL": _TAIL, "ABSOLUTE": absolute,
               "VALUES": values, "SPLIT": split, "FBLOCK": cfg.filter_block}
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "sval_ptr": f"*{elem}", "val_ptr": "*fp32"}
