@@ -77,6 +77,12 @@ SHAPES = (
     Shape("decode B1 128k", "decode", 1, 131072, 2048, 1),
     Shape("decode B8 128k", "decode", 8, 131072, 2048, 1),
 )
+#: ``--select`` only: the row chunks the composed path hands the selection at the default workspace
+#: (256 rows of 128k keys, 32 of 1M), where a chunk's few rows must fill the GPU.
+CHUNKS = (
+    Shape("chunk 256 x 128k", "prefill", 256, 131072, 2048),
+    Shape("chunk 32 x 1M", "prefill", 32, 1 << 20, 2048),
+)
 SMOKE = (
     Shape("prefill 40 x 600", "prefill", 40, 600, 64, h=16, d=64),
     Shape("packed 3 x 50", "packed", 3, 50, 64, h=16, d=64),
@@ -600,7 +606,8 @@ def main() -> None:
 
         print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}", flush=True)
     wanted = [w for w in args.only.split(",") if w]
-    shapes = [s for s in (SMOKE if smoke else SHAPES) if not wanted or any(w in s.name for w in wanted)]
+    pool = SMOKE if smoke else SHAPES + (CHUNKS if args.select else ())
+    shapes = [s for s in pool if not wanted or any(w in s.name for w in wanted)]
     if args.memory and device.type == "cuda":
         for name in args.memory.split(","):
             for op in ("fp8_mqa_topk", "fp8_paged_mqa_topk"):
