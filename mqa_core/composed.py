@@ -17,7 +17,7 @@ functions, so a provider that composes its own kernels (torch_ref) reuses them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from .spec import (
 
 if TYPE_CHECKING:
     import torch
+    from numpy.typing import ArrayLike
 
 #: (q, kv, weights, ks, ke) -> float32 logits [rows, keys]
 PrefillLogits = Callable[..., "torch.Tensor"]
@@ -60,7 +61,7 @@ def split_workspace(workspace_bytes: int, topk: int, return_values: bool) -> tup
     return half // _CELL, workspace_bytes - half
 
 
-def plan_prefill(ks: Sequence[int], ke: Sequence[int], n: int, cells: int, topk: int, return_values: bool,
+def plan_prefill(ks: "ArrayLike", ke: "ArrayLike", n: int, cells: int, topk: int, return_values: bool,
                  op: str = "fp8_mqa_topk") -> list[Chunk]:
     """Consecutive rows while ``rows * (hi - lo)`` logits plus their ``rows * topk`` outputs fit
     ``cells`` (``[lo, hi)``: the union of the rows' windows; an empty window widens nothing); raises
