@@ -34,10 +34,10 @@ strides over the rows, so a row's result depends on nothing but its own data and
    written at their rank in position order (one packed cumsum of (gt, eq) per block), so the output is
    ascending without a sort. Then -1 / -inf fill ``[K, topk)``.
 
-Predicted cost per row of window W and element size E (4 fp32, 2 bf16), CAP = 4*topk rounded up to a
-power of two (>= 2048), when the guess holds (random-like rows always; tie-heavy rows fall back):
+Predicted cost per row of window W and element size E (4 fp32, 2 bf16), CAP as :func:`plan` picks
+it, when the guess holds (random-like rows always; tie-heavy rows fall back):
 - HBM/L2 reads: ``W*E`` (filter) + ``SAMPLE*E`` (sample, whole 32-byte sectors) + ``5 * c * (E+4)``
-  (radix passes and compaction over ``c ~ CAP/2`` candidates, L2-resident in the workspace);
+  (radix passes and compaction over ``c ~ AIM`` candidates, L2-resident in the workspace);
 - writes: ``c * (E+4)`` (workspace) + ``topk * 4`` (+ ``topk * 4`` with values).
   Prefill (W=128k, fp32, topk 2048): 512 KiB + 8 KiB + ~200 KiB (L2) per row, so HBM-bound near one
   read of the logits; the radix passes cost about ``2.5`` warp instructions per histogrammed element
@@ -91,6 +91,9 @@ class TopkConfig:
     #: VEC, VEC] tile, so 2048 fp32 with 8 warps is two loads a thread, and the next step's two in
     #: flight while one is compacted (H100: 4k x 128k in 1.89 ms against 2.36 with 1024).
     filter_block: int = 2048
+    #: The candidate capacity CAP (0: :func:`plan`'s rule); a power of two >= 1024. A CAP below topk,
+    #: or too small for the guess's spread, only sends rows to the slow fallback.
+    cap: int = 0
 
     def __post_init__(self) -> None:
         for k in ("block", "num_warps", "max_programs", "split_target", "filter_block"):
@@ -101,6 +104,8 @@ class TopkConfig:
             raise ValueError(f"TopkConfig.block must be in [256, 32768], got {self.block}")
         if not 64 <= self.filter_block <= 16384:
             raise ValueError(f"TopkConfig.filter_block must be in [64, 16384], got {self.filter_block}")
+        if self.cap and (self.cap < 1024 or self.cap & (self.cap - 1)):
+            raise ValueError(f"TopkConfig.cap must be 0 (the plan's rule) or a power of two >= 1024, got {self.cap}")
 
 
 _DEFAULT = TopkConfig()
@@ -129,26 +134,39 @@ _SIGMAS = 5.0
 def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
     """The launch shape for ``(M, N, topk)``: programs, candidate capacity CAP, sample size, split, aim.
 
-    CAP starts at 4*topk rounded up to a power of two (>= 2048); the guess aims at AIM = sqrt(topk *
-    CAP) candidates, so an estimate off by rho = sqrt(CAP / topk) either way still fits. With ``a``
-    sample keys above the threshold the estimate's log spread is about 1/sqrt(a), so CAP doubles
-    while the largest sample (8192) over a window of N keys puts fewer than (5 / ln rho)^2 keys above
-    AIM: long windows and small topk (1M keys, topk 512: CAP 8192) would otherwise miss the range on
-    some rows, and each miss reads its whole window five times. SAMPLE (a power of two, 256..8192)
-    then puts >= 64 sample keys above AIM where it can. ``split``: segments per long window when
-    rows are fewer than ``config.split_target`` (each at least 4 blocks). None of these changes the
-    result."""
+    CAP is a power of two from 4*topk (>= 2048) to 16*topk; the guess aims at AIM = sqrt(topk * CAP)
+    candidates, so an estimate off by rho = sqrt(CAP / topk) either way still fits. With ``a`` sample
+    keys above the threshold the estimate's log spread is about 1/sqrt(a), so a CAP serves a window
+    of N keys only if the largest sample (8192) puts a >= (5 / ln rho)^2 keys above AIM. SAMPLE (a
+    power of two, 256..8192) then puts >= max(64, that) sample keys above AIM where it can. Of the
+    CAPs that serve, the one with the least histogram work wins: about ``5 * AIM`` elements (four
+    radix passes and the compaction over the candidates) plus ``3 * SAMPLE`` (the guess's passes).
+    topk 2048 over 128k keys: CAP 8192, SAMPLE 2048; topk 512 over 128k: CAP 8192, SAMPLE 4096
+    (CAP 2048 would need SAMPLE 8192, half again the work); a long window and a small topk (1M keys,
+    topk 512) get the CAP that serves at all, since each miss reads its whole window five times.
+    ``config.cap`` overrides the rule. ``split``: segments per long window when rows are fewer than
+    ``config.split_target`` (each at least 4 blocks). None of these changes the result."""
     import math
 
-    k = max(topk, 1)
+    k, w = max(topk, 1), max(n, 1)
+    best: tuple[int, int, int, int] | None = None  # (cost, cap, sample, aim)
     cap = max(2048, triton.next_power_of_2(4 * k))
     while True:
         aim = math.isqrt(k * cap)
         need = (_SIGMAS / math.log(math.sqrt(cap / k))) ** 2
-        if aim * _SAMPLE_MAX >= need * max(n, 1) or cap >= 16 * k:
+        last = cap >= 16 * k
+        sample = max(256, min(_SAMPLE_MAX, triton.next_power_of_2(math.ceil(max(_ABOVE, need) * w / aim))))
+        if aim * _SAMPLE_MAX >= need * w or (last and best is None):
+            cost = 5 * aim + 3 * sample
+            if best is None or cost < best[0]:
+                best = (cost, cap, sample, aim)
+        if last:
             break
         cap *= 2
-    sample = max(256, min(_SAMPLE_MAX, triton.next_power_of_2(-(-_ABOVE * max(n, 1) // aim))))
+    _, cap, sample, aim = best
+    if config.cap:
+        cap, aim = config.cap, math.isqrt(k * config.cap)
+        sample = max(256, min(_SAMPLE_MAX, triton.next_power_of_2(-(-_ABOVE * w // aim))))
     split = 0  # no filter kernel
     if m and n > cap:
         split = max(1, min(config.split_target // m, n // (4 * config.filter_block)))
