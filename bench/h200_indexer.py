@@ -328,7 +328,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-VARIANTS = "default,filter_block=1024,separate=1,block=1024+num_warps=4,split_target=1,split_target=1024"
+VARIANTS = "default,ahead=1,filter_block=4096,separate=1,block=1024+num_warps=4,split_target=1024"
 
 
 def topk_config(spec: str) -> Any:

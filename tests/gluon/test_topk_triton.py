@@ -143,6 +143,7 @@ def test_a_split_filter_gives_the_unsplit_result(interpret, dtype):
     assert op.plan(4, n, topk, cfg).split == 8
     full, _ = check(x, ks, ke, topk, config=cfg)
     for other in (TopkConfig(**TINY, split_target=1),  # the select kernel filters
+                  TopkConfig(**TINY, split_target=1, ahead=1),  # one block in flight, not two
                   TopkConfig(block=256, num_warps=4, split_target=1, filter_block=128),
                   TopkConfig(**TINY, split_target=1, separate=True)):  # one segment
         assert op.plan(4, n, topk, other).split == (1 if other.separate else 0)
@@ -442,7 +443,10 @@ def test_gpu_configs_agree(m):
     ke = torch.full((m,), n, dtype=torch.int32, device="cuda") - torch.arange(m, dtype=torch.int32, device="cuda")
     want = topk_per_row_triton(x, ks, ke, topk)
     for cfg in (TopkConfig(filter_block=2048), TopkConfig(separate=True), TopkConfig(split_target=1),
-                TopkConfig(split_target=1024), TopkConfig(block=1024, num_warps=4)):
+                TopkConfig(split_target=1024), TopkConfig(block=1024, num_warps=4), TopkConfig(ahead=1),
+                TopkConfig(cap=2048), TopkConfig(cap=32768),
+                # gave other keys on an H100 before the barrier after the segment gather
+                TopkConfig(separate=True, filter_block=4096, num_warps=16)):
         assert torch.equal(topk_per_row_triton(x, ks, ke, topk, config=cfg), want), cfg
 
 

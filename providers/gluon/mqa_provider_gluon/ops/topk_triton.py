@@ -94,6 +94,9 @@ class TopkConfig:
     #: The candidate capacity CAP (0: :func:`plan`'s rule); a power of two >= 1024. A CAP below topk,
     #: or too small for the guess's spread, only sends rows to the slow fallback.
     cap: int = 0
+    #: Filter blocks loaded ahead of the one being compacted (1 or 2): each is ``filter_block``
+    #: elements more in flight per program, and 8 registers a thread more at 2048 fp32 and 8 warps.
+    ahead: int = 2
 
     def __post_init__(self) -> None:
         for k in ("block", "num_warps", "max_programs", "split_target", "filter_block"):
@@ -104,6 +107,8 @@ class TopkConfig:
             raise ValueError(f"TopkConfig.block must be in [256, 32768], got {self.block}")
         if not 64 <= self.filter_block <= 16384:
             raise ValueError(f"TopkConfig.filter_block must be in [64, 16384], got {self.filter_block}")
+        if self.ahead not in (1, 2):
+            raise ValueError(f"TopkConfig.ahead must be 1 or 2, got {self.ahead}")
         if self.cap and (self.cap < 1024 or self.cap & (self.cap - 1)):
             raise ValueError(f"TopkConfig.cap must be 0 (the plan's rule) or a power of two >= 1024, got {self.cap}")
 
@@ -262,7 +267,7 @@ def _compact(v, offs, ok, tf, every, cnt, wpos, wval, CAP: tl.constexpr, MASKED:
     return cnt + tl.sum(rtot, 0)
 
 
-def _filter(base, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.constexpr):
+def _filter(base, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.constexpr, AHEAD: tl.constexpr):
     """Keys >= ``t_lo`` at positions ``[beg, end)`` of the row whose position 0 is at ``base``,
     compacted in position order into ``wpos`` (their positions) / ``wval`` (values); returns how many
     there are (only the first CAP are written). Blocks start at 16-byte boundaries of the row, so
@@ -277,14 +282,22 @@ def _filter(base, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.const
     offs = a0 + tile
     ok = (offs >= beg) & (offs < end)
     head = tl.load(base + offs, mask=ok, other=0.0)
-    # each whole block is loaded one step ahead (a uniform mask keeps the loads 16 bytes wide): two
-    # blocks' reads in flight per thread while one is compacted
+    # each whole block is loaded AHEAD steps ahead (a uniform mask keeps the loads 16 bytes wide):
+    # AHEAD + 1 blocks' reads in flight per thread while one is compacted. The compaction's scan
+    # syncs the program's warps every step, so only reads issued earlier overlap it (ncu, one chunk
+    # of 256 rows: 37% of warp samples waited on these loads at AHEAD 1).
     v = tl.load(base + a0 + BLOCK + tile, mask=a0 + BLOCK < lim, other=0.0)
+    if AHEAD == 2:
+        v2 = tl.load(base + a0 + 2 * BLOCK + tile, mask=a0 + 2 * BLOCK < lim, other=0.0)
     cnt = _compact(head, offs, ok, tf, every, 0, wpos, wval, CAP, True)
     for i0 in range(a0 + BLOCK, lim, BLOCK):
-        v_next = tl.load(base + i0 + BLOCK + tile, mask=i0 + BLOCK < lim, other=0.0)
+        v_next = tl.load(base + i0 + AHEAD * BLOCK + tile, mask=i0 + AHEAD * BLOCK < lim, other=0.0)
         cnt = _compact(v, i0 + tile, ok, tf, every, cnt, wpos, wval, CAP, False)
-        v = v_next
+        if AHEAD == 2:
+            v = v2
+            v2 = v_next
+        else:
+            v = v_next
     i0 = a0 + tl.maximum(whole, 1) * BLOCK
     if i0 < end:
         offs = i0 + tile
@@ -296,6 +309,7 @@ def _filter(base, beg, end, t_lo, wpos, wval, CAP: tl.constexpr, BLOCK: tl.const
 def _filter_kernel(
     x_ptr, ks_ptr, ke_ptr, spos_ptr, sval_ptr, scnt_ptr, M, N, stride_xm,
     CAP: tl.constexpr, AIM: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr,
+    AHEAD: tl.constexpr,
 ):
     """Program ``pid`` filters segment ``pid % SPLIT`` of row ``pid // SPLIT``'s window (when it is
     longer than CAP) into its own CAP slots, and writes its count; every segment of a row derives the
@@ -315,7 +329,7 @@ def _filter_kernel(
         end = tl.minimum(beg + seg, w)
         base = tl.cast(pid, tl.int64) * CAP
         cnt = _filter(x_ptr + tl.cast(m, tl.int64) * stride_xm, lo + beg, lo + end, t_lo, spos_ptr + base,
-                      sval_ptr + base, CAP, BLOCK)
+                      sval_ptr + base, CAP, BLOCK, AHEAD)
     tl.store(scnt_ptr + pid, cnt)
 
 
@@ -323,7 +337,7 @@ def _topk_kernel(
     x_ptr, ks_ptr, ke_ptr, out_ptr, val_ptr, wpos_ptr, wval_ptr, spos_ptr, sval_ptr, scnt_ptr,
     M, N, stride_xm, stride_om, stride_vm, topk,
     CAP: tl.constexpr, AIM: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr, TAIL: tl.constexpr,
-    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr, SPLIT: tl.constexpr, FBLOCK: tl.constexpr,
+    ABSOLUTE: tl.constexpr, VALUES: tl.constexpr, SPLIT: tl.constexpr, FBLOCK: tl.constexpr, AHEAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -346,7 +360,8 @@ def _topk_kernel(
         n_src = w
         if w > CAP:
             if SPLIT == 0:
-                cnt = _filter(x_ptr + m64 * stride_xm, lo, hi, _guess(row, w, AIM, SAMPLE), wpos, wval, CAP, FBLOCK)
+                cnt = _filter(x_ptr + m64 * stride_xm, lo, hi, _guess(row, w, AIM, SAMPLE), wpos, wval, CAP, FBLOCK,
+                              AHEAD)
             else:
                 cnt = 0
                 for s in range(SPLIT):
@@ -358,6 +373,11 @@ def _topk_kernel(
                         tl.store(wpos + cnt + offs, tl.load(spos_ptr + seg * CAP + offs, mask=ok), mask=ok)
                         tl.store(wval + cnt + offs, tl.load(sval_ptr + seg * CAP + offs, mask=ok), mask=ok)
                     cnt += c
+            # the radix passes read the candidates in another thread layout than they were written
+            # in: every thread's stores must be visible first (Triton orders shared memory between
+            # warps, not global). The gather had no barrier after it when an sm_90 run at 16 warps
+            # with the separate filter selected other keys than the default.
+            tl.debug_barrier()
             use_ws = (cnt >= kk) & (cnt <= CAP)
             n_src = tl.where(use_ws, cnt, w)
         src = row
@@ -517,12 +537,14 @@ def topk_per_row_triton(logits: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor
         if split:
             kernel(interpret, "filter")[(m * split,)](
                 logits, ks, ke, spos, sval, scnt, m, n, logits.stride(0),
-                CAP=p.cap, AIM=p.aim, SAMPLE=p.sample, BLOCK=cfg.filter_block, SPLIT=split, num_warps=cfg.num_warps)
+                CAP=p.cap, AIM=p.aim, SAMPLE=p.sample, BLOCK=cfg.filter_block, SPLIT=split, AHEAD=cfg.ahead,
+                num_warps=cfg.num_warps)
         kernel(interpret)[(p.programs,)](
             logits, ks, ke, out, values if values is not None else out, wpos, wval, spos, sval, scnt,
             m, n, logits.stride(0), out.stride(0), values.stride(0) if values is not None else 0, topk,
             CAP=p.cap, AIM=p.aim, SAMPLE=p.sample, BLOCK=cfg.block, TAIL=_TAIL, ABSOLUTE=positions == "absolute",
-            VALUES=values is not None, SPLIT=split, FBLOCK=cfg.filter_block, num_warps=cfg.num_warps, **capped,
+            VALUES=values is not None, SPLIT=split, FBLOCK=cfg.filter_block, AHEAD=cfg.ahead, num_warps=cfg.num_warps,
+            **capped,
         )
     return out
 
@@ -549,7 +571,7 @@ def compile_for(target: str, *, dtype: torch.dtype = torch.float32, n: int = 131
     elem = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
     consts = {"CAP": p.cap, "AIM": p.aim, "SAMPLE": p.sample,
               "BLOCK": cfg.filter_block if name == "filter" else cfg.block, "TAIL": _TAIL, "ABSOLUTE": absolute,
-              "VALUES": values, "SPLIT": split, "FBLOCK": cfg.filter_block}
+              "VALUES": values, "SPLIT": split, "FBLOCK": cfg.filter_block, "AHEAD": cfg.ahead}
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     types_ = {"x_ptr": f"*{elem}", "wval_ptr": f"*{elem}", "sval_ptr": f"*{elem}", "val_ptr": "*fp32"}
     signature = {a: ("constexpr" if a in consts else types_.get(a, "*i32" if a.endswith("_ptr") else "i32"))
