@@ -377,7 +377,7 @@ def test_gpu_public_op_hands_the_schedule_to_this_kernel(poisoned, monkeypatch):
     ref = fp8_paged_mqa_logits_ref(*inp.args())
     args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in inp.args())
     read = []
-    monkeypatch.setattr(gp, "_run", lambda *a, real=gp._run: read.append(a[-1]) or real(*a))
+    monkeypatch.setattr(gp, "_run", lambda *a, real=gp._run: read.append(a[8]) or real(*a))  # sched
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     schedule = mqa_core.paged_schedule(args[3])
     for _ in range(3):
