@@ -456,14 +456,15 @@ def _keys_int(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), torch.zeros_like(k), k)
 
 
-def guess_model(window: torch.Tensor, cap: int, sample: int) -> int:
-    """``topk_triton._guess`` in torch: the 24-bit key prefix the kernel should derive for one window."""
+def guess_model(window: torch.Tensor, aim: int, sample: int) -> int:
+    """``topk_triton._guess`` in torch: the 24-bit key prefix the kernel should derive for one window
+    (``aim``, ``sample``: the plan's; tests/gluon/test_topk_triton.py holds it to the kernel's counts)."""
     w = window.numel()
     g = sample // 8
     o = torch.arange(sample, device=window.device)
     at = ((o // 8) * (w - 8)) // (g - 1) + o % 8
     sk = _keys_int(window[at])
-    r = min(max(cap // 2 * sample // w, 1), sample)
+    r = min(max(aim * sample // w, 1), sample)
     keep = torch.ones_like(sk, dtype=torch.bool)
     prefix = 0
     for shift in (24, 16, 8):
@@ -498,7 +499,7 @@ def counts(s: Shape, device: torch.device, topks: tuple[int, ...] = (512, 1024, 
             if hi - lo <= p.cap:
                 model.append(0)
                 continue
-            t = guess_model(logits[r, lo:hi], p.cap, p.sample)
+            t = guess_model(logits[r, lo:hi], p.aim, p.sample)
             model.append(int((_keys_int(logits[r, lo:hi]) >= t).sum()))
         kk = [min(k, max(min(int(b), n) - max(int(a), 0), 0)) for a, b in zip(ks.tolist(), ke.tolist())]
         out = [r for r, c in enumerate(got) if not kk[r] <= c <= p.cap and c]

@@ -4,6 +4,7 @@ path and the whole-window fallback), ahead-of-time builds for sm_90 / gfx942 / g
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 import pytest
@@ -167,6 +168,33 @@ def test_negative_thresholds_keep_the_candidate_path(interpret):
     assert torch.equal(out, reference(x, ks, ke, topk)[0])
     counts = ws[-3 * p.split * 4:].view(torch.int32).view(3, p.split).sum(1)
     assert all(topk <= c <= p.cap for c in counts.tolist()), counts
+
+
+def test_the_benchs_guess_model_is_the_kernels(interpret, monkeypatch):
+    """``bench/h200_indexer.py --counts`` explains slow rows with a torch model of the threshold
+    guess: its candidate counts must be the filter kernel's, row for row."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "bench" / "h200_indexer.py"
+    spec = importlib.util.spec_from_file_location("h200_indexer", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "h200_indexer", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    n, topk = 9000, 64
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(3, n, generator=g) * torch.tensor([[1.0], [30.0], [0.01]]) + torch.linspace(0, 2, n)
+    ks, ke = torch.tensor([0, 123, 5], dtype=torch.int32), torch.tensor([n, n - 40, 7777], dtype=torch.int32)
+    cfg = TopkConfig(**TINY, separate=True)
+    p = op.plan(3, n, topk, cfg)
+    ws = torch.full((workspace_bytes(3, n, topk, config=cfg),), 255, dtype=torch.uint8)
+    topk_per_row_triton(x, ks, ke, topk, workspace=ws, config=cfg)
+    got = ws[-3 * p.split * 4:].view(torch.int32).view(3, p.split).sum(1).tolist()
+    model = []
+    for r in range(3):
+        w = x[r, int(ks[r]):int(ke[r])]
+        model.append(int((bench._keys_int(w) >= bench.guess_model(w, p.aim, p.sample)).sum()))
+    assert got == model and all(topk <= c <= p.cap for c in got), (got, model)
 
 
 def test_segments_hold_the_candidates_in_position_order(interpret):
