@@ -12,10 +12,10 @@ strides over the rows, so a row's result depends on nothing but its own data and
    keys in groups of 8 contiguous ones spread evenly over the window; three 8-bit radix-histogram
    passes over the sample (in registers) give a 24-bit key prefix ``t_lo`` that about ``AIM`` of the
    window's keys reach. ``AIM = sqrt(topk * CAP)``, the geometric middle of ``[topk, CAP]``, so an
-   estimate off by ``sqrt(CAP / topk)`` either way still fits; ``SAMPLE`` is chosen so that ``AIM``
-   is >= 64 sample keys (at most 8192 keys), and ``CAP`` grows for long windows until the estimate's
-   spread, about ``1 / sqrt(sample keys above)``, keeps five standard deviations inside the range
-   (see :func:`plan`).
+   estimate off by ``sqrt(CAP / topk)`` either way still fits; ``SAMPLE`` (at most 8192 keys) puts
+   enough sample keys above ``AIM`` that the estimate's spread, about ``1 / sqrt(sample keys
+   above)``, keeps five standard deviations inside the range, and of the ``CAP`` values where it
+   can, the one with the least histogram work is taken (see :func:`plan`).
 2. **Filter** (one read of the window): keys >= ``t_lo`` are compacted, in position order
    (``tl.cumsum`` in a block plus a running offset), into this program's workspace: ``CAP``
    positions and ``CAP`` values. If the count lands in ``[K, CAP]`` (K = min(topk, window)) the
@@ -147,7 +147,7 @@ def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
     CAPs that serve, the one with the least histogram work wins: about ``5 * AIM`` elements (four
     radix passes and the compaction over the candidates) plus ``3 * SAMPLE`` (the guess's passes).
     topk 2048 over 128k keys: CAP 8192, SAMPLE 2048; topk 512 over 128k: CAP 8192, SAMPLE 4096
-    (CAP 2048 would need SAMPLE 8192, half again the work); a long window and a small topk (1M keys,
+    (CAP 2048 would need SAMPLE 8192, a third more work); a long window and a small topk (1M keys,
     topk 512) get the CAP that serves at all, since each miss reads its whole window five times.
     ``config.cap`` overrides the rule. ``split``: segments per long window when rows are fewer than
     ``config.split_target`` (each at least 4 blocks). None of these changes the result."""
