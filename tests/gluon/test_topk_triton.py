@@ -92,6 +92,27 @@ def test_random_rows(interpret, dtype, absolute, n, topk):
     check(x, ks, ke, topk, absolute, SMALL)
 
 
+@pytest.mark.parametrize("absolute", [False, True])
+def test_windows_no_longer_than_topk_are_taken_whole(interpret, absolute):
+    """A window of at most topk keys skips the radix passes (every key is selected): positions in
+    order, NaN, -inf, -0.0 and ties kept as they are; one key longer still selects."""
+    n, topk = 700, 300
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(7, n, generator=g)
+    x[:, 10:40] = 1.5  # ties
+    x[:, 50] = float("nan")
+    x[:, 60:70] = float("-inf")
+    x[:, 80] = -0.0
+    ks = torch.tensor([0, 3, 100, 0, 5, 400, 699], dtype=torch.int32)
+    ke = torch.tensor([topk, 3 + topk - 1, 100 + topk + 1, 1, 5 + topk, n, n], dtype=torch.int32)
+    out, _ = check(x, ks, ke, topk, absolute, SMALL)
+    whole = (ke - ks).clamp(max=topk)
+    for r in range(7):
+        first = int(ks[r]) if absolute else 0
+        if int(ke[r] - ks[r]) <= topk:
+            assert out[r, :whole[r]].tolist() == list(range(first, first + int(whole[r])))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("topk", [1, 64, 700])
 def test_long_rows_take_the_candidate_path(interpret, dtype, topk):

@@ -29,7 +29,8 @@ strides over the rows, so a row's result depends on nothing but its own data and
    ``split`` SMs instead of one. ``TopkConfig.separate`` uses the filter kernel for every shape.
 3. **Radix select** over the source (candidates or window): four 8-bit histogram passes
    (``tl.histogram``, masked to the prefix found so far) give the K-th largest key ``T`` and
-   ``need``, how many keys equal to ``T`` to take.
+   ``need``, how many keys equal to ``T`` to take. A source of only K keys (a window no longer
+   than topk: packed requests, the first rows of a causal prefill) skips them: every key is taken.
 4. **Ordered compaction** (one pass over the source): keys > T, and the first ``need`` keys == T, are
    written at their rank in position order (one packed cumsum of (gt, eq) per block), so the output is
    ascending without a sort. Then -1 / -inf fill ``[K, topk)``.
@@ -385,21 +386,24 @@ def _topk_kernel(
             src = wval
 
         if kk > 0:
-            # ---- 3: radix select of the kk-th largest key over the source, 8 bits a pass
+            # ---- 3: radix select of the kk-th largest key over the source, 8 bits a pass. A source
+            # of kk keys (a window no longer than topk: packed and early causal rows) is taken whole
+            # with no pass: T = key 0 (the lowest) and need = kk take every key, in position order
             prefix = (kk * 0).to(tl.uint32)
             krem = kk
-            for SHIFT in tl.static_range(24, -1, -8):
-                hist = tl.zeros([256], dtype=tl.int32)
-                for i in range(0, n_src, BLOCK):
-                    offs = i + offs_b
-                    ok = offs < n_src
-                    k = _keys(tl.load(src + offs, mask=ok, other=0.0))
-                    if SHIFT < 24:
-                        ok = ok & ((k >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
-                    hist += tl.histogram(((k >> SHIFT) & 0xFF).to(tl.int32), 256, mask=ok)
-                b, above = _pick(hist, krem)
-                krem -= above
-                prefix = prefix | (b.to(tl.uint32) << SHIFT)
+            if kk < n_src:
+                for SHIFT in tl.static_range(24, -1, -8):
+                    hist = tl.zeros([256], dtype=tl.int32)
+                    for i in range(0, n_src, BLOCK):
+                        offs = i + offs_b
+                        ok = offs < n_src
+                        k = _keys(tl.load(src + offs, mask=ok, other=0.0))
+                        if SHIFT < 24:
+                            ok = ok & ((k >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+                        hist += tl.histogram(((k >> SHIFT) & 0xFF).to(tl.int32), 256, mask=ok)
+                    b, above = _pick(hist, krem)
+                    krem -= above
+                    prefix = prefix | (b.to(tl.uint32) << SHIFT)
 
             # ---- 4: keys > T, then the first `need` keys == T, at their rank in position order
             need = krem
