@@ -161,7 +161,7 @@ def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
         aim = math.isqrt(k * cap)
         need = (_SIGMAS / math.log(math.sqrt(cap / k))) ** 2
         last = cap >= 16 * k
-        sample = max(256, min(_SAMPLE_MAX, triton.next_power_of_2(math.ceil(max(_ABOVE, need) * w / aim))))
+        sample = _sample(max(_ABOVE, need), w, aim)
         if aim * _SAMPLE_MAX >= need * w or (last and best is None):
             cost = 5 * aim + 3 * sample
             if best is None or cost < best[0]:
@@ -172,12 +172,20 @@ def plan(m: int, n: int, topk: int, config: TopkConfig = _DEFAULT) -> TopkPlan:
     _, cap, sample, aim = best
     if config.cap:
         cap, aim = config.cap, math.isqrt(k * config.cap)
-        sample = max(256, min(_SAMPLE_MAX, triton.next_power_of_2(-(-_ABOVE * w // aim))))
+        sample = _sample(_ABOVE, w, aim)
     split = 0  # no filter kernel
     if m and n > cap:
         split = max(1, min(config.split_target // m, n // (4 * config.filter_block)))
         split = 0 if split == 1 and not config.separate else split
     return TopkPlan(max(1, min(m, config.max_programs)), cap, sample, split, aim)
+
+
+def _sample(above: float, w: int, aim: int) -> int:
+    """Sample keys (a power of two, 256..8192) that put ``above`` of them over a threshold that
+    ``aim`` of ``w`` keys reach."""
+    import math
+
+    return max(256, min(_SAMPLE_MAX, triton.next_power_of_2(math.ceil(above * w / aim))))
 
 
 def workspace_bytes(m: int, n: int, topk: int, dtype: torch.dtype = torch.float32,
