@@ -176,6 +176,12 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
         cols["composed"] = lambda: composed.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
         cols["fused"] = lambda: fused.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
         cols["gluon"] = lambda: two.fp8_mqa_topk(q, kv, w, ks, ke, s.topk, positions="absolute")
+        if not smoke:  # the fused orchestration scored by the Gluon kernels (sample logits, filter epilogue)
+            from mqa_provider_gluon.kernels import GLUON
+            from mqa_provider_gluon.ops.mqa_topk_triton import fp8_mqa_topk_triton
+
+            cols["fused gluon"] = lambda: fp8_mqa_topk_triton(q, kv[0], kv[1], w, ks, ke, s.topk, positions="absolute",
+                                                              select=GLUON._select, scorer="gluon")
         if fi is not None:
             lengths = (ke - ks).clamp(min=0).int()
             cols["logits+FI"] = lambda: fi.top_k_ragged_transform(
@@ -299,11 +305,13 @@ def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps:
     del logits
     if "composed" in picks and "fused" in picks:
         row["composed==fused"] = bool(torch.equal(picks["composed"], picks["fused"]))
+    if "gluon" in picks and "fused gluon" in picks:
+        row["gluon==fused gluon"] = bool(torch.equal(picks["gluon"], picks["fused gluon"]))
     base = row.get("DG+torch.topk ms")
-    for name in ("composed", "fused", "gluon", "logits+FI"):
+    for name in ("composed", "fused", "gluon", "fused gluon", "logits+FI"):
         if base and row.get(f"{name} ms"):
             row[f"{name} x DG"] = round(base / row[f"{name} ms"], 2)
-    ours = {c: row[f"{c} ms"] for c in ("composed", "fused", "gluon")
+    ours = {c: row[f"{c} ms"] for c in ("composed", "fused", "gluon", "fused gluon")
             if row.get(f"{c} ms") and row.get(f"{c} check") == "ok"}
     if ours:
         best = min(ours, key=ours.get)  # type: ignore[arg-type]
@@ -315,15 +323,15 @@ def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("DG+torch.topk", "composed", "fused", "gluon", "logits+FI")
+    cols = ("DG+torch.topk", "composed", "fused", "gluon", "fused gluon", "logits+FI")
     head = f"{'shape':24} {'in':4} " + " ".join(f"{c + ' ms':>17}" for c in cols) + \
-        f" {'best':>8} {'x DG':>5} {'x FI':>5} " + " ".join(f"{c[:9] + ' MiB':>13}" for c in cols) + "  checks"
+        f" {'best':>11} {'x DG':>5} {'x FI':>5} " + " ".join(f"{c[:9] + ' MiB':>13}" for c in cols) + "  checks"
     lines = [head]
     for r in rows:
         ms = " ".join(f"{r.get(c + ' ms') if r.get(c + ' ms') is not None else '-':>17}" for c in cols)
         mem = " ".join(f"{r.get(c + ' peak') if r.get(c + ' peak') is not None else '-':>13}" for c in cols)
         checks = ",".join(f"{c}:{r[c + ' check']}" for c in cols if c + " check" in r and r[c + " check"] != "ok")
-        lines.append(f"{r['shape']:24} {r['inputs']:4} {ms} {r.get('best', '-'):>8} {r.get('best x DG', '-'):>5} "
+        lines.append(f"{r['shape']:24} {r['inputs']:4} {ms} {r.get('best', '-'):>11} {r.get('best x DG', '-'):>5} "
                      f"{r.get('best x FI', '-'):>5} {mem}  {checks or 'all ok'}")
     return "\n".join(lines)
 
@@ -389,12 +397,14 @@ def select_table(rows: list[dict[str, Any]], variants: list[str]) -> str:
     return "\n".join(lines)
 
 
-def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, workspaces: list[float]) -> None:
-    """One ``composed`` call under torch.profiler: its wall time against the time kernels ran (idle
-    GPU between kernels is host work the GPU waited for), and its kernels by total time; then the
-    call's time at each ``--workspace`` bound (MiB), to see what the row chunks cost."""
+def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, workspaces: list[float],
+            column: str = "composed") -> None:
+    """One call of ``column`` (default ``composed``) under torch.profiler: its wall time against the
+    time kernels ran (idle GPU between kernels is host work the GPU waited for), and its kernels by
+    total time; then the composed call's time at each ``--workspace`` bound (MiB), to see what the
+    row chunks cost."""
     x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, "rand", device)
-    call = columns(s, x, None, None, smoke)["composed"]
+    call = columns(s, x, None, None, smoke)[column]
     call()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
@@ -406,7 +416,7 @@ def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, works
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e3
     span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / 1e3 if kernels else 0
-    print(f"profile: composed {s.name}: wall {wall:.2f} ms, first kernel to last {span:.2f} ms, kernels busy "
+    print(f"profile: {column} {s.name}: wall {wall:.2f} ms, first kernel to last {span:.2f} ms, kernels busy "
           f"{busy:.2f} ms, {len(kernels)} kernels")
     by: dict[str, list[float]] = {}
     for e in kernels:
@@ -589,7 +599,9 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (torch_ref)")
     ap.add_argument("--select", action="store_true", help="time the selection alone, under --variants")
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
-    ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one composed call a shape")
+    ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one call a shape")
+    ap.add_argument("--column", default="composed", help="with --profile: the column to profile (composed, "
+                    "fused, gluon)")
     ap.add_argument("--workspace", default="", help="with --profile: comma-separated MQA_WORKSPACE_MB figures "
                     "to time the composed call at")
     ap.add_argument("--counts", action="store_true", help="the select's filter counts on the device against a "
@@ -616,7 +628,7 @@ def main() -> None:
         return
     if args.profile and device.type == "cuda":
         for s in shapes:
-            profile(s, dg, fi, device, smoke, [float(w) for w in args.workspace.split(",") if w])
+            profile(s, dg, fi, device, smoke, [float(w) for w in args.workspace.split(",") if w], args.column)
         return
     if args.counts and device.type == "cuda":
         for s in shapes:

@@ -436,3 +436,93 @@ def test_gpu_matches_dense_logits_and_topk(path):
     assert want_val is not None and torch.equal(val.view(torch.int32), want_val.view(torch.int32))
     if path == "undercount":
         assert paths.fallback > 0
+
+
+def _gluon_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import gluon_supported
+
+    return gluon_supported()
+
+
+#: (tuning, whether rows must fall back): each forces a path of the orchestration with the Gluon scorer.
+GLUON_PATHS = {
+    "default": ({}, False),
+    "undercount": ({"stride": 32, "rank": 2}, True),
+    "overflow": ({"stride": 16, "rank": 64, "capacity": 600}, True),
+    "pieces": ({"stride": 32, "rank": 2, "piece": 4096}, True),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(_gluon_reason() is not None, reason=f"the Gluon scorer runs on sm_90 only: {_gluon_reason()}")
+@pytest.mark.parametrize("positions", ["relative", "absolute"])
+@pytest.mark.parametrize("path", list(GLUON_PATHS))
+def test_gpu_gluon_scorer_matches_dense_gluon_logits(path, positions):
+    """The candidates come from the Gluon kernel's filter epilogue (atomics: any order); the result must
+    still be the exact selection over the Gluon logits kernel's values, bit for bit, on ragged windows
+    (an empty row, windows shorter than topk, ks < 0 and ke > N), on every path, twice."""
+    from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
+
+    m, n, h, d, topk = 300, 20000, 64, 128, 512
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = (torch.randn(m, h, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
+    k = (torch.randn(n, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(n, device="cuda", generator=g) * 0.9 + 0.1
+    w = torch.randn(m, h, device="cuda", generator=g) * h**-0.5
+    ks = torch.randint(-50, n // 2, (m,), device="cuda", generator=g).int()
+    ke = (ks + torch.randint(0, n, (m,), device="cuda", generator=g)).clamp(max=n + 30).int()
+    ks[0], ke[0] = 7, 7
+    ks[1], ke[1] = 100, 100 + topk // 3
+    ks[2], ke[2] = -9, n + 9
+    tun, falls_back = GLUON_PATHS[path]
+    paths = Paths()
+    with tuning(report=paths, poison=True, **tun):
+        pos, val = fp8_mqa_topk_triton(q, k, k_scale, w, ks, ke, topk, positions=positions, return_values=True,
+                                       scorer="gluon")
+        again, again_val = fp8_mqa_topk_triton(q, k, k_scale, w, ks, ke, topk, positions=positions,
+                                               return_values=True, scorer="gluon")
+    assert torch.equal(pos, again) and val is not None and again_val is not None
+    assert torch.equal(val.view(torch.int32), again_val.view(torch.int32))
+    logits = fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke)
+    want, want_val = select_topk_torch(logits, ks, ke, topk, positions=positions,
+                                       values=torch.empty(m, topk, device="cuda"))
+    assert torch.equal(pos, want)
+    assert want_val is not None and torch.equal(val.view(torch.int32), want_val.view(torch.int32))
+    assert (paths.fallback > 0) == falls_back
+    assert paths.total("sampled_rows") > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(_gluon_reason() is not None, reason=f"the Gluon scorer runs on sm_90 only: {_gluon_reason()}")
+def test_gpu_gluon_scorer_exact_inputs_tie_rule():
+    """Small-integer inputs: exact fp32 logits with many ties across tiles and candidate slots. The
+    atomics hand out slots in any order; ties must still go to the smaller position."""
+    from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
+
+    m, n, h, d, topk = 64, 6000, 64, 128, 64
+    inp = exact_inputs(m, n, h, d, seed=5)
+    cu = [t.cuda() for t in (inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)]
+    with tuning(stride=8, rank=16):
+        pos, _ = fp8_mqa_topk_triton(*cu, topk, scorer="gluon")
+    logits = fp8_mqa_logits_gluon(*cu)
+    want, _ = oracle(logits.cpu(), inp.ks, inp.ke, topk)
+    assert torch.equal(pos.cpu(), want)
+
+
+def test_aot_sm90_gluon_filter_epilogue():
+    """The Gluon filter kernel builds for sm_90 with the logits kernel's wgmma (16 QGMMA, as the logits
+    kernel) and one atomic per row and tile in each math warpgroup (banks of 2 rows: 4 in all)."""
+    from mqa_provider_gluon import aot
+    from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import _triton_version_reason, compile_sm90
+
+    skip_unless_buildable("sm_90")
+    if _triton_version_reason():
+        pytest.skip(str(_triton_version_reason()))
+    c = compile_sm90(64, 128, clean_logits=False, divisible=("out_stride", "N"), candidates=True)
+    asm = dict(c.asm)
+    asm["metadata"] = c.metadata
+    facts = aot.sass_facts(asm)
+    assert facts.qgmma == 16, facts
+    assert aot.sass(asm).count("ATOMG.E.ADD") == 4

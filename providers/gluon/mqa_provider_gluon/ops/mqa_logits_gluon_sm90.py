@@ -491,10 +491,45 @@ def _p_store(s, ksc, n0, rows, ks, ke, mrow, N, BN: gl.constexpr, CLEAN: gl.cons
     gl.store(rows + n2, s.to(rows.dtype.element_ty), mask=(n2 < N) & mrow)
 
 @_jit
+def _p_add(a, b):
+    return a + b
+
+@_jit
+def _p_claim(s, ksc, n0, ks, ke, tau, cnts, mrow, N, BN: gl.constexpr, olay: gl.constexpr):
+    """FILTER=1, first half: which cells of the [BN keys, QH queries] tile go to their row's
+    candidate list (inside the window and >= the row's threshold ``tau``; every window cell where tau
+    is -inf: a dense row), and their slots claimed from the row's counter: one atomic per row and
+    tile, from the thread holding the row's last key (its inclusive prefix count is the tile's
+    total), so no thread holds a copy of another's atomic. :func:`_p_place` reads the atomic's
+    result: in between the caller computes the other bank, which hides its latency. NaN passes only
+    in a dense row (NaN >= tau is false), as in the Triton filter kernel."""
+    s = s * gl.expand_dims(ksc, 1)
+    kidx = gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, olay)), 1)
+    n2 = n0 + kidx
+    dense = tau == float("-inf")
+    keep = (n2 >= ks) & (n2 < ke) & (n2 < N) & mrow & ((s >= tau) | dense)
+    csum = gl.associative_scan(keep.to(gl.int32), 0, _p_add)
+    last = (kidx == BN - 1) & (csum > 0) & (~dense) & mrow
+    got = gl.atomic_add(cnts + kidx * 0, csum, mask=last, sem="relaxed")
+    return s, n2, keep, csum, got, last
+
+@_jit
+def _p_place(s, n2, keep, csum, got, last, rows, vrows, ks, tau, cap):
+    """FILTER=1, second half: the claimed cells' positions to ``rows`` and values to ``vrows`` at the
+    row's slots (the tile's first slot reaches the column by a max); a dense row's cell n at ``n -
+    ks`` (its list in position order). Slots past ``cap`` are counted, not written: the caller sees
+    the count."""
+    base = gl.expand_dims(gl.max(gl.where(last, got, 0), axis=0), 0)
+    slot = gl.where(tau == float("-inf"), n2 - ks, base + csum - 1)
+    ok = keep & (slot < cap)
+    gl.store(rows + slot, n2 + csum * 0, mask=ok)
+    gl.store(vrows + slot, s, mask=ok)
+
+@_jit
 def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                 out_stride, M, N, m0, c0, c1, g, q_use, WG: gl.constexpr, H: gl.constexpr, BQ: gl.constexpr,
-                 BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr,
-                 FILL: gl.constexpr):
+                 out_stride, val_ptr, tau_ptr, cnt_ptr, cap, M, N, m0, c0, c1, g, q_use, WG: gl.constexpr,
+                 H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr,
+                 BANKS: gl.constexpr, FILL: gl.constexpr, FILTER: gl.constexpr):
     QH: gl.constexpr = BQ // BANKS
     NH: gl.constexpr = QH * H
     mlay: gl.constexpr = mma_layout(BN, NH, 4)
@@ -506,6 +541,13 @@ def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr,
     ks_a = gl.expand_dims(gl.load(ks_ptr + offs_a, mask=offs_a < M, other=0), 0)
     ke_a = gl.expand_dims(gl.load(ke_ptr + offs_a, mask=offs_a < M, other=0), 0)
     w_a = _load_weights(w_ptr, m0, M, H, QH, False, mlay)
+    vrows_a = rows_a
+    tau_a = ks_a
+    cnts_a = ks_ptr
+    if FILTER:  # the candidate lists share the row offsets; a row past M has tau +inf (takes nothing)
+        vrows_a = val_ptr + gl.expand_dims(offs_a.to(gl.int64) * out_stride, 0)
+        tau_a = gl.expand_dims(gl.load(tau_ptr + offs_a, mask=offs_a < M, other=float("inf")), 0)
+        cnts_a = gl.expand_dims(cnt_ptr + offs_a, 0)
     if BANKS == 2:
         offs_b = offs_a + QH
         mrow_b = gl.expand_dims(offs_b < M, 0)
@@ -513,6 +555,13 @@ def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr,
         ks_b = gl.expand_dims(gl.load(ks_ptr + offs_b, mask=offs_b < M, other=0), 0)
         ke_b = gl.expand_dims(gl.load(ke_ptr + offs_b, mask=offs_b < M, other=0), 0)
         w_b = _load_weights(w_ptr, m0 + QH, M, H, QH, False, mlay)
+        vrows_b = rows_b
+        tau_b = ks_b
+        cnts_b = ks_ptr
+        if FILTER:
+            vrows_b = val_ptr + gl.expand_dims(offs_b.to(gl.int64) * out_stride, 0)
+            tau_b = gl.expand_dims(gl.load(tau_ptr + offs_b, mask=offs_b < M, other=float("inf")), 0)
+            cnts_b = gl.expand_dims(cnt_ptr + offs_b, 0)
     t0, t1 = _p_tiles(ks_ptr, ke_ptr, m0, c0, c1, M, N, BQ, BN, 4)
     if CLEAN:  # the -inf fill of tiles outside every window: WG 0 before, WG 1 after
         if FILL == 0:
@@ -544,14 +593,28 @@ def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr,
                 r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
                 acc_b = warpgroup_mma_wait(0, deps=(acc_b, ))
                 mbarrier.arrive(empty.index(s), count=1)
-                _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
-                r_b = _p_reduce(acc_b, w_b, BN, QH, H, olay)
-                _p_store(r_b, ksc, n0, rows_b, ks_b, ke_b, mrow_b, N, BN, CLEAN, olay)
+                if FILTER:  # both banks' atomics in flight before either's result is read
+                    s_a, n_a, k_a, c_a, g_a, l_a = _p_claim(r_a, ksc, n0, ks_a, ke_a, tau_a, cnts_a, mrow_a, N, BN,
+                                                            olay)
+                    r_b = _p_reduce(acc_b, w_b, BN, QH, H, olay)
+                    s_b, n_b, k_b, c_b, g_b, l_b = _p_claim(r_b, ksc, n0, ks_b, ke_b, tau_b, cnts_b, mrow_b, N, BN,
+                                                            olay)
+                    _p_place(s_a, n_a, k_a, c_a, g_a, l_a, rows_a, vrows_a, ks_a, tau_a, cap)
+                    _p_place(s_b, n_b, k_b, c_b, g_b, l_b, rows_b, vrows_b, ks_b, tau_b, cap)
+                else:
+                    _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
+                    r_b = _p_reduce(acc_b, w_b, BN, QH, H, olay)
+                    _p_store(r_b, ksc, n0, rows_b, ks_b, ke_b, mrow_b, N, BN, CLEAN, olay)
             else:
                 acc_a = warpgroup_mma_wait(0, deps=(acc_a, ))
                 mbarrier.arrive(empty.index(s), count=1)
                 r_a = _p_reduce(acc_a, w_a, BN, QH, H, olay)
-                _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
+                if FILTER:
+                    s_a, n_a, k_a, c_a, g_a, l_a = _p_claim(r_a, ksc, n0, ks_a, ke_a, tau_a, cnts_a, mrow_a, N, BN,
+                                                            olay)
+                    _p_place(s_a, n_a, k_a, c_a, g_a, l_a, rows_a, vrows_a, ks_a, tau_a, cap)
+                else:
+                    _p_store(r_a, ksc, n0, rows_a, ks_a, ke_a, mrow_a, N, BN, CLEAN, olay)
         mbarrier.arrive(q_empty.index(qs), count=1)
         g += n_t
         q_use += 1
@@ -559,9 +622,9 @@ def _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr,
 
 @_jit
 def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            items, item_ready, item_empty, M, N, num_splits, tps, WG: gl.constexpr, H: gl.constexpr,
-            BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr,
-            FILL: gl.constexpr, DYN: gl.constexpr):
+            val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps, WG: gl.constexpr,
+            H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr,
+            BANKS: gl.constexpr, FILL: gl.constexpr, DYN: gl.constexpr, FILTER: gl.constexpr):
     """One math warpgroup; tiles alternate between the two warpgroups by a global tile counter.
 
     With BANKS=2 the tile's wgmma is issued as two async halves (queries split in two): the first
@@ -574,8 +637,8 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
             ok, m0, c0, c1 = _p_item(r, M, N, num_splits, tps, BQ, BN)
             if ok:
                 g, q_use = _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr,
-                                        ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, g, q_use, WG, H, BQ, BN,
-                                        STAGES, CLEAN, BANKS, FILL)
+                                        ke_ptr, out_ptr, out_stride, val_ptr, tau_ptr, cnt_ptr, cap, M, N, m0, c0,
+                                        c1, g, q_use, WG, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, FILTER)
     else:
         total = gl.cdiv(M, BQ) * num_splits
         n = 0
@@ -583,26 +646,28 @@ def _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_p
         while idx < total:
             m0, c0, c1 = _p_decode(idx, M, N, num_splits, tps, BQ, BN)
             g, q_use = _p_math_item(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr,
-                                    ke_ptr, out_ptr, out_stride, M, N, m0, c0, c1, g, q_use, WG, H, BQ, BN,
-                                    STAGES, CLEAN, BANKS, FILL)
+                                    ke_ptr, out_ptr, out_stride, val_ptr, tau_ptr, cnt_ptr, cap, M, N, m0, c0, c1,
+                                    g, q_use, WG, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, FILTER)
             n += 1
             idx = _p_take(items, item_ready, item_empty, n, 4)
 
 @_jit
 def _p_math0(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-             items, item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr,
-             BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr,
-             DYN: gl.constexpr):
+             val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr,
+             BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr,
+             FILL: gl.constexpr, DYN: gl.constexpr, FILTER: gl.constexpr):
     _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            items, item_ready, item_empty, M, N, num_splits, tps, 0, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, DYN)
+            val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps, 0, H, BQ, BN,
+            STAGES, CLEAN, BANKS, FILL, DYN, FILTER)
 
 @_jit
 def _p_math1(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-             items, item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr, BQ: gl.constexpr,
-             BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr, FILL: gl.constexpr,
-             DYN: gl.constexpr):
+             val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps, H: gl.constexpr,
+             BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CLEAN: gl.constexpr, BANKS: gl.constexpr,
+             FILL: gl.constexpr, DYN: gl.constexpr, FILTER: gl.constexpr):
     _p_math(q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, out_stride,
-            items, item_ready, item_empty, M, N, num_splits, tps, 1, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, DYN)
+            val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps, 1, H, BQ, BN,
+            STAGES, CLEAN, BANKS, FILL, DYN, FILTER)
 
 @_jit
 def _fill_rows(out_ptr, out_stride, m0, M, N, first, last, BQ: gl.constexpr, BN: gl.constexpr):
@@ -647,19 +712,11 @@ def _p_filler(ks_ptr, ke_ptr, out_ptr, out_stride, items, item_ready, item_empty
             n += 1
             idx = _p_take(items, item_ready, item_empty, n, 1)
 
-@_jit_sizes
-def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, sched_ptr, out_stride, M, N,
-                       num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                       CLEAN: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr, FILL: gl.constexpr, FILL_REGS: gl.constexpr, DYN: gl.constexpr,
-                       num_warps: gl.constexpr):
-    """Persistent: grid <= #SMs; program p walks work items (query block, split of tps key tiles), so
-    one CTA per SM keeps its mbarrier rings, prefetches the next item's Q while the math warpgroups
-    finish the current one, and pays the prologue once. DYN=0: a static snake order over the items.
-    DYN=1: each program's loader draws the next item from a grid-wide counter at ``sched_ptr`` (two
-    int32, zero at launch and left zero) when it is ready for one: greedy, so long items (a packed
-    batch's long requests) do not pile up on one program. Otherwise ``sched_ptr`` is not read."""
-    gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
+@_jit
+def _p_shared(q_desc, k_desc, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+              FILL: gl.constexpr):
+    """The persistent kernels' shared memory: the Q double buffer, the K ring, their mbarriers and the
+    item ring (DYN=1), initialised."""
     NCOL: gl.constexpr = BQ * H
     D: gl.constexpr = q_desc.block_type.shape[1]
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, NCOL, D], q_desc.layout)
@@ -680,37 +737,84 @@ def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, 
     for i in gl.static_range(ITEM_SLOTS):
         mbarrier.init(item_ready.index(i), count=1)
         mbarrier.init(item_empty.index(i), count=2 + FILL)  # read by both math warpgroups (and the filler)
+    return q_smem, k_smem, ready, empty, q_ready, q_empty, items, item_ready, item_empty
+
+@_jit_sizes
+def _logits_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, sched_ptr, out_stride, M, N,
+                       num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+                       CLEAN: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr,
+                       LOADER_REGS: gl.constexpr, FILL: gl.constexpr, FILL_REGS: gl.constexpr, DYN: gl.constexpr,
+                       num_warps: gl.constexpr):
+    """Persistent: grid <= #SMs; program p walks work items (query block, split of tps key tiles), so
+    one CTA per SM keeps its mbarrier rings, prefetches the next item's Q while the math warpgroups
+    finish the current one, and pays the prologue once. DYN=0: a static snake order over the items.
+    DYN=1: each program's loader draws the next item from a grid-wide counter at ``sched_ptr`` (two
+    int32, zero at launch and left zero) when it is ready for one: greedy, so long items (a packed
+    batch's long requests) do not pile up on one program. Otherwise ``sched_ptr`` is not read."""
+    gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
+    q_smem, k_smem, ready, empty, q_ready, q_empty, items, item_ready, item_empty = _p_shared(
+        q_desc, k_desc, H, BQ, BN, STAGES, FILL)
+    # the math partitions' candidate arguments (val_ptr, tau_ptr, cnt_ptr, cap) are never read (FILTER=0)
     if FILL == 1:  # a fourth partition, one warp, writes the -inf tiles
         gl.warp_specialize([
             (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
-                        CLEAN, BANKS, FILL, DYN)),
+                        out_stride, out_ptr, out_ptr, out_ptr, N, items, item_ready, item_empty, M, N, num_splits,
+                        tps, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, DYN, 0)),
             (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
-                        CLEAN, BANKS, FILL, DYN)),
+                        out_stride, out_ptr, out_ptr, out_ptr, N, items, item_ready, item_empty, M, N, num_splits,
+                        tps, H, BQ, BN, STAGES, CLEAN, BANKS, FILL, DYN, 0)),
             (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, sched_ptr,
                          items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES, DYN)),
             (_p_filler, (ks_ptr, ke_ptr, out_ptr, out_stride, items, item_ready, item_empty, M, N, num_splits, tps,
                          BQ, BN, DYN)),
         ], [4, 1, 1], [MATH_REGS, LOADER_REGS, FILL_REGS])
     else:
-        gl.warp_specialize([
-            (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
-                        CLEAN, BANKS, FILL, DYN)),
-            (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
-                        out_stride, items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES,
-                        CLEAN, BANKS, FILL, DYN)),
-            (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, sched_ptr,
-                         items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES, DYN)),
-        ], [4, 1], [MATH_REGS, LOADER_REGS])
+        _p_run(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, items, item_ready, item_empty,
+               w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr, sched_ptr, out_stride, out_ptr, out_ptr, out_ptr, N, M, N,
+               num_splits, tps, H, BQ, BN, STAGES, CLEAN, BANKS, MATH_REGS, LOADER_REGS, DYN, 0)
+
+@_jit
+def _p_run(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, items, item_ready, item_empty, w_ptr,
+           ksc_ptr, ks_ptr, ke_ptr, out_ptr, sched_ptr, out_stride, val_ptr, tau_ptr, cnt_ptr, cap, M, N,
+           num_splits, tps, H: gl.constexpr, BQ: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
+           CLEAN: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+           DYN: gl.constexpr, FILTER: gl.constexpr):
+    """The two math warpgroups and the loader (no filler warp)."""
+    gl.warp_specialize([
+        (_p_math0, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                    out_stride, val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps,
+                    H, BQ, BN, STAGES, CLEAN, BANKS, 0, DYN, FILTER)),
+        (_p_math1, (q_smem, k_smem, ready, empty, q_ready, q_empty, w_ptr, ksc_ptr, ks_ptr, ke_ptr, out_ptr,
+                    out_stride, val_ptr, tau_ptr, cnt_ptr, cap, items, item_ready, item_empty, M, N, num_splits, tps,
+                    H, BQ, BN, STAGES, CLEAN, BANKS, 0, DYN, FILTER)),
+        (_p_loader, (q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, ks_ptr, ke_ptr, sched_ptr,
+                     items, item_ready, item_empty, M, N, num_splits, tps, H, BQ, BN, STAGES, DYN)),
+    ], [4, 1], [MATH_REGS, LOADER_REGS])
+
+@_jit_sizes
+def _filter_kernel_pws(q_desc, k_desc, w_ptr, ksc_ptr, ks_ptr, ke_ptr, pos_ptr, sched_ptr, val_ptr, tau_ptr,
+                       cnt_ptr, out_stride, M, N, num_splits, tps, cap, H: gl.constexpr, BQ: gl.constexpr,
+                       BN: gl.constexpr, STAGES: gl.constexpr, BANKS: gl.constexpr, MATH_REGS: gl.constexpr,
+                       LOADER_REGS: gl.constexpr, DYN: gl.constexpr, num_warps: gl.constexpr):
+    """The persistent kernel with the filter epilogue (:func:`_p_append`): row m's cells >= tau[m]
+    inside its window go, (position, value), to row m of ``pos_ptr`` / ``val_ptr`` (row stride
+    ``out_stride``, ``cap`` slots), counted in ``cnt_ptr[m]`` (zero at launch); tau[m] = -inf: every
+    window cell, at slot n - ks[m]. The cells' values are the logits kernel's arithmetic (same
+    partitions, same reduce); nothing of the [M, N] matrix is written."""
+    gl.static_assert(num_warps == 4, "the default partition is one math warpgroup")
+    q_smem, k_smem, ready, empty, q_ready, q_empty, items, item_ready, item_empty = _p_shared(
+        q_desc, k_desc, H, BQ, BN, STAGES, 0)
+    _p_run(q_desc, k_desc, q_smem, k_smem, ready, empty, q_ready, q_empty, items, item_ready, item_empty,
+           w_ptr, ksc_ptr, ks_ptr, ke_ptr, pos_ptr, sched_ptr, out_stride, val_ptr, tau_ptr, cnt_ptr, cap, M, N,
+           num_splits, tps, H, BQ, BN, STAGES, False, BANKS, MATH_REGS, LOADER_REGS, DYN, 1)
 
 
 def _kernels() -> dict[str, Any]:
     """The kernels by name; raises when triton's Gluon did not import."""
     if _GLUON_IMPORT_ERROR is not None:
         raise RuntimeError(f"triton.experimental.gluon is unusable: {_GLUON_IMPORT_ERROR}")
-    return {"simple": _logits_kernel_simple, "ws": _logits_kernel_ws, "pws": _logits_kernel_pws}
+    return {"simple": _logits_kernel_simple, "ws": _logits_kernel_ws, "pws": _logits_kernel_pws,
+            "filter": _filter_kernel_pws}
 
 
 def resolve_config(H: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -767,6 +871,12 @@ def kernel_launch_args(cfg: dict[str, Any], H: int, clean_logits: bool) -> tuple
             common["maxnreg"] = cfg["maxnreg"]
         return "ws", common
     return "simple", common
+
+
+def filter_launch_args(kw: dict[str, Any]) -> dict[str, Any]:
+    """The filter kernel's constexprs from the persistent logits kernel's (:func:`kernel_launch_args`):
+    no -inf to write, so no CLEAN and no filler warp."""
+    return {k: v for k, v in kw.items() if k not in ("CLEAN", "FILL", "FILL_REGS")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -969,6 +1079,42 @@ def fp8_mqa_logits_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor
         if direct and plan.direct and bkey not in _BOUND:
             _remember(_BOUND, bkey, bind(compiled))
     return out
+
+
+def fp8_mqa_filter_gluon(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                         ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor, pos: torch.Tensor,
+                         val: torch.Tensor, cap: int, *, config: dict[str, Any] | None = None) -> None:
+    """The fused indexer's filter on sm_90: the persistent logits kernel with the candidate epilogue
+    (``_filter_kernel_pws``). Row m's cells inside ``[ks[m], ke[m])`` whose logit is >= ``tau[m]``
+    are appended, (position, value), to row m of ``pos`` (int32) and ``val`` (float32), both
+    ``[M, >= cap]`` with one row stride, through the int32 counter ``cnt[m]`` (zero before the
+    call; it ends at the row's full count, which may pass ``cap``: slots past it are not written);
+    ``tau[m] = -inf`` writes every window cell at slot ``n - ks[m]``, no counter. The same contract
+    as ``mqa_topk_triton``'s Triton filter kernel, so its orchestration (sample, selection, rescoring)
+    serves both. A cell's value is the logits kernel's arithmetic for the same config; the config
+    (``shape_config``, as for the logits) changes only who computes a tile, so the values depend on
+    nothing but the cell's own inputs."""
+    M, H, D = q.shape
+    N = k.shape[0]
+    if M == 0 or N == 0:
+        return
+    if pos.stride() != val.stride() or pos.stride(1) != 1 or pos.dtype != torch.int32 or val.dtype != torch.float32:
+        raise ValueError("fp8_mqa_filter_gluon: pos (int32) and val (float32) need one row stride and unit columns")
+    ptrs = (q.data_ptr(), k.data_ptr(), k_scale.data_ptr(), weights.data_ptr(), ks.data_ptr(), ke.data_ptr())
+    chosen = dict(shape_config(M, N, H, _multiprocessors(q.get_device())))
+    plan = _make_plan(q, k, k_scale, weights, ks, ke, False, {**chosen, **(config or {})}, ptrs)
+    if plan.name != "pws":
+        raise ValueError("fp8_mqa_filter_gluon: the filter is the persistent kernel's epilogue; the config gives "
+                         f"{plan.name!r}")
+    if plan.prepare:
+        q, k, k_scale, weights, ks, ke = _prepare(q, k, k_scale, weights, ks, ke)
+    splits, tps = plan.split(M, N)  # type: ignore[misc]
+    grid = (min(plan.sms, triton_cdiv(M, plan.cfg["BQ"]) * splits), 1)
+    sched = _scheduler(q.get_device(), q.device) if plan.cfg["dynamic"] else cnt
+    with _on_device(q.get_device()):
+        _kernels()["filter"][grid](_q_descriptor(q, plan), _k_descriptor(k, plan), weights, k_scale, ks, ke, pos,
+                                   sched, val, tau, cnt, pos.stride(0), M, N, splits, tps, cap,
+                                   **filter_launch_args(plan.kw))
 
 
 def _signature(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
@@ -1208,13 +1354,14 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: dict[str, Any] | None = None,
-                 divisible: tuple[str, ...] = (), out_dtype: str = "fp32"):
+                 divisible: tuple[str, ...] = (), out_dtype: str = "fp32", candidates: bool = False):
     """Compile the kernel ahead of time for sm_90 (no GPU needed); returns triton's CompiledKernel.
 
     ``.asm["cubin"]`` holds the binary; disassemble it with the cuobjdump shipped with triton.
     ``divisible``: int parameters to compile as multiples of 16, as Triton specialises them at run
     time when they are (e.g. ``("out_stride", "N")`` for N % 16 == 0). ``out_dtype``: the logits'
-    Triton type, ``"fp32"`` or ``"bf16"``.
+    Triton type, ``"fp32"`` or ``"bf16"``. ``candidates``: the filter kernel (``_filter_kernel_pws``,
+    persistent configs only) instead of the logits kernel.
     """
     reason = _triton_version_reason()
     if reason:
@@ -1226,6 +1373,8 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
 
     cfg = resolve_config(H, config)
     name, kw = kernel_launch_args(cfg, H, clean_logits)
+    if candidates:
+        name, kw = "filter", filter_launch_args(kw)
     fn = _kernels()[name]
     lay = gl.NVMMASharedLayout.get_default_for([cfg["BQ"] * H, D], gl.float8e4nv)
     klay = gl.NVMMASharedLayout.get_default_for([cfg["BN"], D], gl.float8e4nv)
@@ -1239,6 +1388,10 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
     if name == "pws":
         sig = {**{k: v for k, v in sig.items() if k not in ("out_stride", "M", "N")}, "sched_ptr": "*i32",
                "out_stride": "i32", "M": "i32", "N": "i32", "num_splits": "i32", "tps": "i32"}
+    if name == "filter":
+        sig = {**{k: v for k, v in sig.items() if k not in ("out_ptr", "out_stride", "M", "N")}, "pos_ptr": "*i32",
+               "sched_ptr": "*i32", "val_ptr": "*fp32", "tau_ptr": "*fp32", "cnt_ptr": "*i32", "out_stride": "i32",
+               "M": "i32", "N": "i32", "num_splits": "i32", "tps": "i32", "cap": "i32"}
     options = {"num_warps": kw.pop("num_warps")}
     if "maxnreg" in kw:
         options["maxnreg"] = kw.pop("maxnreg")
@@ -1248,7 +1401,8 @@ def compile_sm90(H: int = 64, D: int = 128, clean_logits: bool = True, config: d
         constexprs[(fn.arg_names.index(key), )] = val
     sig["num_warps"] = "constexpr"
     constexprs[(fn.arg_names.index("num_warps"), )] = options["num_warps"]
+    aligned = ("pos_ptr", "val_ptr", "tau_ptr", "cnt_ptr") if name == "filter" else ("out_ptr", )
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in ("w_ptr", "ksc_ptr", "ks_ptr", "ke_ptr",
-                                                                            "out_ptr", *divisible)}
+                                                                            *aligned, *divisible)}
     src = GluonASTSource(fn, sig, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -398,6 +398,9 @@ class _Launch:
     consts: dict[str, Any]
     interpret: bool
     index: int
+    #: Whose kernels score: "triton" (the filter kernel above, on any arch) or "gluon" (the sm_90
+    #: Gluon logits kernel for the sample, its candidate epilogue for the filter).
+    scorer: str = "triton"
 
 
 def _launch_filter(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
@@ -408,6 +411,11 @@ def _launch_filter(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch
     if m == 0 or n == 0:
         return
     assert pos.stride() == val.stride() and pos.stride(1) == 1
+    if lp.scorer == "gluon":
+        from .mqa_logits_gluon_sm90 import fp8_mqa_filter_gluon
+
+        fp8_mqa_filter_gluon(q, k, k_scale, w, ks, ke, tau, cnt, pos, val, cap)
+        return
     cfg = lp.cfg
     num_mb = -(-m // cfg.block_m)
     num_tiles = -(-n // cfg.block_n)
@@ -420,6 +428,16 @@ def _launch_filter(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch
             q, k, k_desc, k_scale, w, ks, ke, tau, cnt, pos, val,
             m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), w.stride(0), pos.stride(0), cap,
             splits, tiles_per_split, **lp.consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _sample_logits(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
+                   ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
+    """The logits over the sampled keys (``k[::s]``), by the scorer's logits kernel."""
+    if lp.scorer == "gluon":
+        from .mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
+
+        return fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True)
+    return fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True, config=lp.cfg)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
@@ -444,15 +462,20 @@ def _check(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: tor
 def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                         ks: torch.Tensor, ke: torch.Tensor, topk: int, *, positions: str = "relative",
                         return_values: bool = False, workspace_bytes: int = 256 << 20,
-                        select: Select | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        select: Select | None = None, scorer: str = "triton"
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The positions (int32 [M, topk]) of the ``topk`` largest logits in each row's window
     [max(ks, 0), min(ke, N)), ascending, -1 padded; with ``return_values`` also their fp32 values
     (-inf padding). ``positions``: "relative" (n - lo) or "absolute" (n). Ties go to the smaller
     position. Inputs as for ``fp8_mqa_logits`` (DESIGN.md). ``select`` is any exact top-k per row
     over a logits matrix with :func:`select_topk_torch`'s contract (the default). Every temporary
     fits ``workspace_bytes`` (module docstring, *Memory*). Needs one host sync per row chunk.
+    ``scorer="gluon"`` scores with the sm_90 Gluon kernels (``mqa_logits_gluon_sm90``: its logits
+    for the sample, ``fp8_mqa_filter_gluon`` for the candidates), the rest unchanged.
     """
     _check(q, k, k_scale, weights, ks, ke, topk, positions)
+    if scorer not in ("triton", "gluon"):
+        raise ValueError(f"fp8_mqa_topk_triton: scorer must be 'triton' or 'gluon'; got {scorer!r}")
     sel: Select = select or select_topk_torch
     tun = _TUNING
     interpret = bool(triton.knobs.runtime.interpret)
@@ -494,7 +517,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
-    lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index)
+    lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index, scorer)
 
     # Windows on the host (one sync): widths decide each row's path.
     ks_h = ks.to("cpu", torch.int64)
@@ -551,8 +574,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     if bool(sampled.any()):
         ks_s = torch.where(sampled, -(-lo_h // s), 0).to(torch.int32)
         ke_s = torch.where(sampled, -(-hi_h // s), 0).to(torch.int32)
-        sample = ws.adopt(fp8_mqa_logits_triton(q, k[::s], k_scale[::s], w, ks_s.to(dev), ke_s.to(dev), True,
-                                                config=lp.cfg))
+        sample = ws.adopt(_sample_logits(lp, q, k[::s], k_scale[::s], w, ks_s.to(dev), ke_s.to(dev)))
         nan = ws.adopt(torch.isnan(sample))
         sample.masked_fill_(nan, float("-inf"))
         del nan
