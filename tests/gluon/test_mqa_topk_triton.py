@@ -438,6 +438,61 @@ def test_gpu_matches_dense_logits_and_topk(path):
         assert paths.fallback > 0
 
 
+def fake_gluon_filter(q, k, k_scale, w, ks, ke, tau, cnt, pos, val, cap, *, config=None):
+    """``fp8_mqa_filter_gluon``'s contract, executed in Python (the Gluon kernel runs on sm_90 only):
+    reference values; a thresholded row's candidates appended in a shuffled order, as the kernel's
+    atomics may hand out slots; a dense row's cell n at slot n - ks; the count may pass ``cap``."""
+    logits = fp8_mqa_logits_ref(q, k, k_scale, w, ks, ke).float()
+    g = torch.Generator().manual_seed(int(ks.sum()) + 1)
+    for m in range(q.shape[0]):
+        lo, hi = int(ks[m]), int(ke[m])
+        if float(tau[m]) == float("-inf"):
+            slots = [(n - lo, n) for n in range(lo, hi)]
+        else:
+            cells = [n for n in range(lo, hi) if bool(logits[m, n] >= tau[m])]
+            cells = [cells[i] for i in torch.randperm(len(cells), generator=g).tolist()]
+            base = int(cnt[m])
+            cnt[m] = base + len(cells)
+            slots = [(base + i, n) for i, n in enumerate(cells)]
+        for slot, n in slots:
+            if slot < cap:
+                pos[m, slot] = n
+                val[m, slot] = logits[m, n]
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_gluon_scorer_orchestration_takes_candidates_in_any_order(interpret, monkeypatch, path):
+    """``scorer="gluon"`` runs the same orchestration on the Gluon kernels' contract. With that
+    contract faked on the CPU (candidates in a shuffled order, as atomics give them), exact inputs
+    (many ties) must still give the oracle's selection on every path, in both position modes."""
+    from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g
+
+    monkeypatch.setattr(g, "fp8_mqa_filter_gluon", fake_gluon_filter)
+    monkeypatch.setattr(g, "fp8_mqa_logits_gluon",
+                        lambda q, k, k_scale, w, ks, ke, clean=True: fp8_mqa_logits_ref(q, k, k_scale, w, ks, ke).float())
+    m, n, h, d, window, topk = EXACT_CASES[0]
+    inp = exact_inputs(m, n, h, d, seed=7, window=window)
+    edge_windows(inp, n)
+    ref = fp8_mqa_logits_ref(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)
+    paths = Paths()
+    for positions in ("relative", "absolute"):
+        want_pos, want_val = oracle(ref, inp.ks, inp.ke, topk, positions)
+        with tuning(poison=True, report=paths, **PATHS[path]):
+            pos, val = run(inp, topk, positions=positions, return_values=True, scorer="gluon")
+        assert torch.equal(pos, want_pos), (positions, pos, want_pos)
+        assert val is not None and torch.equal(val.double(), want_val)
+    if path in ("undercount", "overflow", "pieces"):
+        assert paths.fallback > 0
+    if path == "sampled":
+        assert paths.total("sampled_rows") > 0 and paths.fallback == 0
+
+
+def test_scorer_is_checked():
+    inp = exact_inputs(3, 20, 16, 64, seed=1)
+    with pytest.raises(ValueError, match="scorer"):
+        run(inp, 4, scorer="cuda")
+
+
 def _gluon_reason() -> str | None:
     if not torch.cuda.is_available():
         return "needs a CUDA GPU"
