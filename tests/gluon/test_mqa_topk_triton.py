@@ -468,8 +468,8 @@ def test_gluon_scorer_orchestration_takes_candidates_in_any_order(interpret, mon
     from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g
 
     monkeypatch.setattr(g, "fp8_mqa_filter_gluon", fake_gluon_filter)
-    monkeypatch.setattr(g, "fp8_mqa_logits_gluon",
-                        lambda q, k, k_scale, w, ks, ke, clean=True: fp8_mqa_logits_ref(q, k, k_scale, w, ks, ke).float())
+    monkeypatch.setattr(g, "fp8_mqa_logits_gluon", lambda q, k, k_scale, w, ks, ke, clean=True:
+                        fp8_mqa_logits_ref(q, k, k_scale, w, ks, ke).float())
     m, n, h, d, window, topk = EXACT_CASES[0]
     inp = exact_inputs(m, n, h, d, seed=7, window=window)
     edge_windows(inp, n)
