@@ -407,6 +407,17 @@ def test_aot_amd_fp8_mfma_no_spills(target, op_re):
 
 # ---- real sizes on an NVIDIA GPU --------------------------------------------------------------------
 
+def cuda_inputs(m: int, n: int, h: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """Random fp8 q [M, H, D] and k [N, D], scales in [0.1, 1), weights ~ H^-1/2, on the GPU; and the
+    generator, for the windows."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(m, h, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
+    k = (torch.randn(n, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(n, device="cuda", generator=g) * 0.9 + 0.1
+    w = torch.randn(m, h, device="cuda", generator=g) * h**-0.5
+    return q, k, k_scale, w, g
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the interpreter tests above cover "
                     "the same code paths on the CPU")
@@ -415,11 +426,7 @@ def test_gpu_matches_dense_logits_and_topk(path):
     from mqa_provider_gluon.ops.mqa_logits_triton import fp8_mqa_logits_triton
 
     m, n, h, d, topk = 512, 16384, 64, 128, 2048
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = (torch.randn(m, h, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
-    k = (torch.randn(n, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
-    k_scale = torch.rand(n, device="cuda", generator=g) * 0.9 + 0.1
-    w = torch.randn(m, h, device="cuda", generator=g) * h**-0.5
+    q, k, k_scale, w, _ = cuda_inputs(m, n, h, d, seed=0)
     ks = torch.zeros(m, dtype=torch.int32, device="cuda")
     ke = (torch.arange(m, device="cuda") * 31 + 100).to(torch.int32)
     tun = {"stride": 32, "rank": 2} if path == "undercount" else {}
@@ -521,11 +528,7 @@ def test_gpu_gluon_scorer_matches_dense_gluon_logits(path, positions):
     from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
 
     m, n, h, d, topk = 300, 20000, 64, 128, 512
-    g = torch.Generator(device="cuda").manual_seed(3)
-    q = (torch.randn(m, h, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
-    k = (torch.randn(n, d, device="cuda", generator=g) * 1.5).to(torch.float8_e4m3fn)
-    k_scale = torch.rand(n, device="cuda", generator=g) * 0.9 + 0.1
-    w = torch.randn(m, h, device="cuda", generator=g) * h**-0.5
+    q, k, k_scale, w, g = cuda_inputs(m, n, h, d, seed=3)
     ks = torch.randint(-50, n // 2, (m,), device="cuda", generator=g).int()
     ke = (ks + torch.randint(0, n, (m,), device="cuda", generator=g)).clamp(max=n + 30).int()
     ks[0], ke[0] = 7, 7

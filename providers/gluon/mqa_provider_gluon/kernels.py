@@ -63,6 +63,11 @@ def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor |
     return fn(*args, **kw) if kw else fn(*args)
 
 
+#: The ``gluon`` provider's prefill top-k on sm_90: "fused" (the Gluon kernels score the fused
+#: indexer, no [M, N] matrix) or "two-stage" (Gluon logits in row chunks, then the Triton select).
+GLUON_PREFILL_TOPK = "two-stage"
+
+
 @dataclass(frozen=True)
 class MqaKernels:
     #: Try the Gluon sm_90 kernel first (the ``gluon`` provider); False: always Triton (``triton``).
@@ -150,26 +155,28 @@ class MqaKernels:
                      cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, topk: int, *,
                      positions: str = "relative", return_values: bool = False,
                      workspace_bytes: int = 256 << 20) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused Triton kernel (``ops.mqa_topk_triton``): scoring with a per-row threshold from a
-        strided sample, candidates only, an exact selection over them; never the [M, N] matrix.
+        """The fused indexer (``ops.mqa_topk_triton``): scoring with a per-row threshold from a strided
+        sample, candidates only, an exact selection over them; never the [M, N] matrix.
 
-        Where the ``gluon`` provider runs the Gluon sm_90 logits kernel, its prefill step is two
-        stages instead: that kernel's logits in row chunks within the workspace, then the Triton
-        radix select. The fused kernel's scoring is the portable Triton kernel's, which runs about
-        15-20% behind the Gluon one at these sizes (docs/performance.md), more than the fused path
-        saves by not writing and reading the chunk's logits."""
+        Where the ``gluon`` provider runs the Gluon sm_90 logits kernel, the Gluon kernels score
+        (``scorer="gluon"``: its logits for the sample, its candidate epilogue for the filter) when
+        :data:`GLUON_PREFILL_TOPK` is ``"fused"``; ``"two-stage"`` is its logits in row chunks within
+        the workspace, then the Triton radix select. Elsewhere the portable Triton kernel scores."""
+        k, k_scale = kv
+        scorer = "triton"
         if self.use_gluon and q.get_device() >= 0:
             from .ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
 
             if prefill_launcher(True, q.get_device()) is fp8_mqa_logits_gluon:
-                return self._two_stage_prefill(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, topk, positions,
-                                               return_values, workspace_bytes)
+                if GLUON_PREFILL_TOPK == "two-stage":
+                    return self._two_stage_prefill(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, topk, positions,
+                                                   return_values, workspace_bytes)
+                scorer = "gluon"
         from .ops.mqa_topk_triton import fp8_mqa_topk_triton
 
-        k, k_scale = kv
         return fp8_mqa_topk_triton(q, k, k_scale.reshape(-1), weights, cu_seqlen_ks, cu_seqlen_ke, topk,
                                    positions=positions, return_values=return_values,
-                                   workspace_bytes=workspace_bytes, select=self._select)
+                                   workspace_bytes=workspace_bytes, select=self._select, scorer=scorer)
 
     def _two_stage_prefill(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                            ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str, return_values: bool,
