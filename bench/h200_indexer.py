@@ -279,13 +279,16 @@ def replay_ms(call: Callable[[], Any], device: torch.device) -> tuple[float | No
 
 # -- main ---------------------------------------------------------------------------------------------
 
-def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps: int, smoke: bool) -> dict[str, Any]:
+def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps: int, smoke: bool,
+              skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     x = (prefill_inputs if s.kind != "decode" else decode_inputs)(s, kind, device)
     row: dict[str, Any] = {"shape": s.name, "inputs": kind, "topk": s.topk}
     logits, ks, ke = dense_logits(s, x, smoke)
     row["logits_MiB"] = round(logits.numel() * 4 / 2**20, 1)
     picks: dict[str, torch.Tensor] = {}
     for name, call in columns(s, x, dg, fi, smoke).items():
+        if name in skip:
+            continue
         try:
             idx = call()
             picks[name] = idx
@@ -596,6 +599,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated shape names (substrings) to run")
     ap.add_argument("--kinds", default=",".join(KINDS), help="input kinds: rand, peak")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--skip", default="", help="comma-separated columns not to run (e.g. 'fused gluon')")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (torch_ref)")
     ap.add_argument("--select", action="store_true", help="time the selection alone, under --variants")
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
@@ -649,7 +653,7 @@ def main() -> None:
             if time.perf_counter() - t0 > args.budget:
                 print(f"skipped {s.name} {kind}: past --budget {args.budget:.0f} s", flush=True)
                 continue
-            row = run_shape(s, kind, dg, fi, device, args.reps, smoke)
+            row = run_shape(s, kind, dg, fi, device, args.reps, smoke, frozenset(c for c in args.skip.split(",") if c))
             row["s"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
