@@ -18,6 +18,10 @@ Kernels (both share one epilogue):
   the -inf tiles while the math warpgroups compute), ``dynamic`` (items drawn from a grid-wide counter
   instead of the snake order), ``split`` (how rows' key tiles are cut into items). Without a config,
   :func:`shape_config` picks them from (M, N, H) (cb9ff2b:bench/notes_gluon.md, round 3).
+- ``_filter_kernel_pws``: the persistent kernel with the fused indexer's epilogue instead of the store
+  (``FILTER=1``: cells >= a per-row threshold appended to candidate lists through per-row counters,
+  see ``_p_claim``); launched by :func:`fp8_mqa_filter_gluon` for ``mqa_topk_triton``'s
+  ``scorer="gluon"``. It writes nothing of the [M, N] matrix.
 
 Work split (non-persistent kernels): the grid is (key chunk, query block); a CTA handles CHUNK key
 tiles of one query block and exits early when the chunk misses every window of the block, so the
