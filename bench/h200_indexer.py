@@ -12,6 +12,9 @@ Per shape, on the same inputs, every column is checked, then timed, with its pea
   decode: the ``gluon`` provider's paged logits then the Triton radix select (no host sync).
 - ``gluon`` (prefill): the ``gluon`` provider's own top-k op, Gluon logits in row chunks then the
   Triton radix select.
+- ``fused gluon`` (prefill): the fused orchestration scored by the Gluon kernels (``scorer="gluon"``:
+  the Gluon logits kernel for the sample, its candidate epilogue for the filter); the ``gluon``
+  provider's default once it is measured faster than ``gluon`` (``GLUON_PREFILL_TOPK``).
 - ``logits+FI``: mqa-core's logits (gluon), then FlashInfer's ``top_k_ragged_transform`` with
   ``deterministic=True, tie_break=1`` (smaller index wins) and ``row_starts``: the same selection rule
   over the same scores. Needs ``--fi DIR`` (the unpacked archive of
@@ -28,11 +31,12 @@ untrained case) and ``peak`` (a few dominant keys and a recency ramp in k_scale,
 give). Prints one JSON line per row as it goes and a short table last; ``--out`` keeps both.
 ``--smoke`` runs every column that can run on the CPU at tiny sizes (torch_ref, composed).
 
-``--select`` times the selection alone, on each shape's dense logits (``rand`` inputs): ``torch.topk``,
-FlashInfer, and the Triton radix select under each ``--variants`` launch config (``TopkConfig``
-fields, ``+``-joined, e.g. ``separate=1+filter_block=2048``; ``default`` is the shipped one). Every variant
-must give the default's positions bit for bit. ``--profile`` prints the CUDA kernels of one
-``composed`` call per shape (torch.profiler), to see where its time goes. ``--memory gluon,triton``
+``--skip`` leaves columns out (comma-separated names). ``--select`` times the selection alone, on
+each shape's dense logits (``rand`` inputs): ``torch.topk``, FlashInfer, and the Triton radix select
+under each ``--variants`` launch config (``TopkConfig`` fields, ``+``-joined, e.g.
+``separate=1+filter_block=2048``; ``default`` is the shipped one). Every variant must give the
+default's positions bit for bit. ``--profile`` prints the CUDA kernels of one call per shape
+(torch.profiler; ``--column``, default ``composed``), to see where its time goes. ``--memory gluon,triton``
 shows where each named provider's top-k ops put their peak at the kit's memory-case shapes (prefill
 M=512 N=131072 causal, paged B=64 next_n=2 ctx 32768; H=16, D=64, topk 2048 with values, a 16 MiB
 workspace): the call once to warm up, then once under ``torch.cuda.memory._record_memory_history``,
