@@ -609,7 +609,7 @@ def main() -> None:
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one call a shape")
     ap.add_argument("--column", default="composed", help="with --profile: the column to profile (composed, "
-                    "fused, gluon)")
+                    "fused, gluon, 'fused gluon')")
     ap.add_argument("--workspace", default="", help="with --profile: comma-separated MQA_WORKSPACE_MB figures "
                     "to time the composed call at")
     ap.add_argument("--counts", action="store_true", help="the select's filter counts on the device against a "
