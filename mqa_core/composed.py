@@ -102,14 +102,35 @@ def torch_where_valid(idx: "torch.Tensor", shift: int) -> "torch.Tensor":
     return idx + (idx >= 0).to(idx.dtype) * shift
 
 
+def whole_windows(out: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor", n: int, positions: str
+                  ) -> "torch.Tensor":
+    """Write into ``out`` [R, topk] the answer of rows whose window holds at most ``topk`` keys: every
+    position of the window, ascending, then -1. Exact whatever the logits are (NaN and -inf cells are
+    still in the window), so those rows need no scoring. Temporaries: one bool per cell."""
+    import torch
+
+    topk = out.shape[1]
+    lo = ks.to(out.dtype).clamp(min=0, max=n)
+    width = (ke.to(out.dtype).clamp(max=n) - lo).clamp(min=0)
+    cols = torch.arange(topk, device=out.device, dtype=out.dtype)[None, :]
+    if positions == "absolute":
+        torch.add(cols, lo[:, None], out=out)
+    else:
+        out.copy_(cols.expand_as(out))
+    out.masked_fill_(cols >= width[:, None], -1)
+    return out
+
+
 def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: Any, weights: Any,
                          ks: "torch.Tensor", ke: "torch.Tensor", topk: int, positions: str, return_values: bool,
                          workspace_bytes: int) -> "tuple[torch.Tensor, torch.Tensor | None]":
     """``fp8_mqa_topk`` as logits then selection, in row chunks within ``workspace_bytes``.
 
     A chunk scores only the keys its windows cover (k sliced to ``[lo, hi)``, windows shifted), so a
-    packed batch of short requests costs its windows, not ``rows x N``. The windows are read to the
-    host once (a prefill call syncs; the paged op does not).
+    packed batch of short requests costs its windows, not ``rows x N``. Rows whose window holds at
+    most ``topk`` keys are their whole window (:func:`whole_windows`): without values they are not
+    scored at all, so a packed batch of requests no longer than ``topk`` runs no kernel but a fill.
+    The windows are read to the host once (a prefill call syncs; the paged op does not).
     """
     import numpy as np
     import torch
@@ -119,22 +140,36 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     m, n = q_rows.shape[0], k.shape[0]
     cells, select_bytes = split_workspace(workspace_bytes, topk, return_values)
     windows = torch.stack((ks, ke)).cpu().numpy()  # one sync for both
-    chunks = plan_prefill(windows[0], windows[1], n, cells, topk, return_values)
     device = q_rows.device
+    whole = np.zeros(m, dtype=bool)
+    if not return_values:
+        whole = np.maximum(np.minimum(windows[1], n) - np.clip(windows[0], 0, n), 0) <= topk
+    scored = np.where(whole, 0, windows)  # whole rows: empty windows, which widen no chunk
+    chunks = plan_prefill(scored[0], scored[1], n, cells, topk, return_values)
+    if whole.all():
+        return whole_windows(torch.empty((m, topk), dtype=torch.int32, device=device), ks, ke, n, positions), None
+    if whole.any():
+        ks_s, ke_s = torch.from_numpy(scored).to(device)
+    else:
+        ks_s, ke_s = ks, ke
     if len(chunks) == 1 and chunks[0].lo == 0 and chunks[0].hi >= n:
-        logits = logits_fn(q, kv, weights, ks, ke)
-        idx, vals = select(logits, ks, ke, topk, positions, return_values, select_bytes)
+        logits = logits_fn(q, kv, weights, ks_s, ke_s)
+        i, vals = select(logits, ks_s, ke_s, topk, positions, return_values, select_bytes)
         del logits
-        return idx, vals
+        _fill_whole(i, whole, ks, ke, n, positions)
+        return i, vals
     idx = torch.empty((m, topk), dtype=torch.int32, device=device)
     vals = torch.empty((m, topk), dtype=torch.float32, device=device) if return_values else None
     # every chunk's windows shifted to its key slice, made on the host and copied once: two small
     # kernels a chunk fewer (a 4k-row call has 17 chunks, and the GPU waits on each launch)
     los = [c.lo if c.lo < c.hi else 0 for c in chunks]
     shift = np.repeat(np.asarray(los, dtype=windows.dtype), [c.r1 - c.r0 for c in chunks])
-    shifted = torch.from_numpy(windows - shift).to(device)
+    shifted = torch.from_numpy(scored - shift).to(device)
     for c, lo in zip(chunks, los):
         rows = slice(c.r0, c.r1)
+        if whole[rows].all():
+            whole_windows(idx[rows], ks[rows], ke[rows], n, positions)
+            continue
         hi = c.hi if c.lo < c.hi else 0
         qc = (q[0][rows], q[1][rows]) if isinstance(q, (tuple, list)) else q[rows]
         kc = (k[lo:hi], k_scale[lo:hi])
@@ -143,9 +178,22 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
         i, v = select(logits, ks_c, ke_c, topk, positions, return_values, select_bytes)
         del logits
         idx[rows] = torch_where_valid(i, lo) if positions == "absolute" and lo else i
+        _fill_whole(idx[rows], whole[rows], ks[rows], ke[rows], n, positions)
         if vals is not None and v is not None:
             vals[rows] = v
     return idx, vals
+
+
+def _fill_whole(idx: "torch.Tensor", whole: Any, ks: "torch.Tensor", ke: "torch.Tensor", n: int,
+                positions: str) -> None:
+    """:func:`whole_windows` for the rows of ``idx`` that ``whole`` (numpy bool) marks, in place."""
+    import torch
+
+    if not whole.any():
+        return
+    rows = torch.from_numpy(whole.nonzero()[0]).to(idx.device)
+    part = torch.empty((rows.numel(), idx.shape[1]), dtype=idx.dtype, device=idx.device)
+    idx.index_copy_(0, rows, whole_windows(part, ks[rows], ke[rows], n, positions))
 
 
 def paged_windows(context_lens: "torch.Tensor", next_n: int, block_tables: "torch.Tensor", block_size: int,

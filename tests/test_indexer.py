@@ -13,6 +13,8 @@ from mqa_provider_torch_ref.kernels import TorchRefKernels
 import mqa_core
 from mqa_core import composed
 from mqa_core.errors import ProviderResultError, ProviderUnavailableError
+from mqa_core.reference import fp8_mqa_logits_ref
+from mqa_core.selection import select_topk
 from mqa_core.testing import make_paged_inputs, make_prefill_inputs
 
 TOPK_OPS = ("fp8_mqa_topk", "fp8_paged_mqa_topk", "topk_per_row")
@@ -182,6 +184,45 @@ def test_chunk_plan_is_the_row_by_row_rule(seed: int) -> None:
         assert got[0][0] == 0 and got[-1][1] == m and all(x[1] == y[0] for x, y in zip(got, got[1:]))
     with pytest.raises(ValueError, match="row 3's window"):
         composed.plan_prefill([0, 0, 0, 0], [10, 10, 10, 900], n, 500, 16, False)
+
+
+@pytest.mark.parametrize("positions", ["relative", "absolute"])
+@pytest.mark.parametrize("workspace", [None, 2 * 4 * 2 * (150 + 100)])
+def test_rows_of_at_most_topk_keys_are_their_window_unscored(monkeypatch: pytest.MonkeyPatch, positions: str,
+                                                            workspace: int | None) -> None:
+    """Without values, a row whose window holds at most topk keys is its whole window: the logits
+    kernel sees it as empty (and is not called at all when every row is such a row); the result equals
+    the oracle's (fp64 logits, then the selection rule) on every row, NaN cells included."""
+    q, kv, w, ks, ke = _packed()
+    ks, ke = ks.clone(), ke.clone()
+    ks[5], ke[5] = -9, 30  # window [0, 30): clipped at the left
+    ks[10], ke[10] = 398, 420  # [398, 400): clipped at the right
+    ks[11], ke[11] = 500, 510  # past N: empty
+    k, scale = kv
+    scale = scale.clone()
+    scale[155] = float("nan")  # a NaN cell in row 4's window (width 30 <= topk: still selected)
+    args = (q, (k, scale), w, ks, ke)
+    topk = 100
+    ref = fp8_mqa_logits_ref(q, k, scale, w, ks, ke)
+    exact = select_topk(ref, ks, ke, topk, positions=positions)[0]
+    seen: list[torch.Tensor] = []
+    real = TorchRefKernels.fp8_mqa_logits
+
+    def spy(self: Any, q: Any, kv: Any, w: Any, ks: Any, ke: Any, **kw: Any) -> Any:
+        seen.append((ke - ks).clamp(min=0))
+        return real(self, q, kv, w, ks, ke, **kw)
+
+    monkeypatch.setattr(TorchRefKernels, "fp8_mqa_logits", spy)
+    comp = TorchRefKernels()
+    budget = workspace or 256 << 20
+    got = comp.fp8_mqa_topk(*args, topk, positions=positions, return_values=False, workspace_bytes=budget)[0]
+    assert torch.equal(got, exact)
+    width = (ke.clamp(max=400) - ks.clamp(min=0, max=400)).clamp(min=0)
+    scored = torch.cat(seen)
+    assert len(seen) >= (2 if workspace else 1) and int((scored > 0).sum()) == int((width > topk).sum()) == 3
+    seen.clear()
+    got = comp.fp8_mqa_topk(*args, 150, positions=positions, return_values=False, workspace_bytes=budget)[0]
+    assert seen == [] and torch.equal(got, select_topk(ref, ks, ke, 150, positions=positions)[0])
 
 
 @pytest.mark.parametrize("positions", ["relative", "absolute"])

@@ -91,6 +91,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mqa_core.composed import whole_windows
 from mqa_core.selection import select_topk
 
 from ..fp8 import conversions, e4m3fn_to_e4m3fnuz
@@ -531,14 +532,13 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         raise ValueError(f"fp8_mqa_topk_triton: workspace_bytes={workspace_bytes} cannot hold one row "
                          f"({p['row_bytes']} bytes; topk={topk}, N={n})")
     s, r, cap = p["stride"], p["rank"], p["capacity"]
-    cols = torch.arange(topk, dtype=torch.int32, device=dev)
     ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
                            "dense_rows": 0, "chunks": 0}
     for m0 in range(0, m, p["rows"]):
         m1 = min(m, m0 + p["rows"])
         ctx["chunks"] += 1
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], lo_h[m0:m1], hi_h[m0:m1], topk, s, r, cap,
-               positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], budget, cols, ctx)
+               positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], budget, ctx)
     if tun.report is not None:
         tun.report(ws, ctx)
     return out, vals
@@ -547,7 +547,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
 def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
            w: torch.Tensor, lo_h: torch.Tensor, hi_h: torch.Tensor, topk: int, s: int, r: int, cap: int,
            positions: str, return_values: bool, out: torch.Tensor, vals: torch.Tensor | None, budget: int,
-           cols: torch.Tensor, ctx: dict[str, Any]) -> None:
+           ctx: dict[str, Any]) -> None:
     dev = q.device
     mc = q.shape[0]
     n = k.shape[0]
@@ -559,12 +559,8 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
 
     # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
     #    here; the others are overwritten below.
-    with ws.scratch(8 * mc * topk):
-        rel = cols[None, :]
-        w_d = w_h.to(device=dev, dtype=torch.int32)[:, None]
-        start = 0 if positions == "relative" else lo_h.to(device=dev, dtype=torch.int32)[:, None]
-        out.copy_(torch.where(rel < w_d, rel + start, -1))
-        del rel, w_d, start
+    with ws.scratch(mc * topk + 16 * mc):
+        whole_windows(out, lo_h.to(dev), hi_h.to(dev), n, positions)
     if not bool(scored.any()):
         return
 
