@@ -278,6 +278,8 @@ def test_workspace_is_respected_on_a_run(interpret):
             got = run(inp, topk, workspace_bytes=budget)[0]
         assert torch.equal(got, want), tun
         assert paths.calls[0]["chunks"] >= 4
+        # misjudged rows of every chunk are rescored together, after the last chunk
+        assert (paths.fallback > 0) == (tun in (PATHS["undercount"], PATHS["overflow"])), (tun, paths.calls)
         assert max(paths.peaks) <= budget * (1 - op.HEADROOM), (paths.peaks, budget)  # the rest: torch's
 
 

@@ -23,7 +23,8 @@ below everything. How it gets there, per chunk of query rows:
    smaller candidate index == smaller position), indices mapped back to positions.
 5. Rows the sample misjudged (count < topk or count > C): rescored by the same kernel, dense, in key
    pieces of width P: each piece's values are selected together with the best ``topk`` so far (kept
-   before the piece, so index order is position order). One host sync per chunk finds them.
+   before the piece, so index order is position order). One host sync, after every chunk is
+   enqueued, finds them: the chunks run back to back on the GPU, never waiting on the host.
 6. Every temporary lives inside ``workspace_bytes`` (see *Memory* below), for any N.
 
 The threshold only decides the path, never the result: a candidate set holding every cell >= tau and
@@ -470,7 +471,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     (-inf padding). ``positions``: "relative" (n - lo) or "absolute" (n). Ties go to the smaller
     position. Inputs as for ``fp8_mqa_logits`` (DESIGN.md). ``select`` is any exact top-k per row
     over a logits matrix with :func:`select_topk_torch`'s contract (the default). Every temporary
-    fits ``workspace_bytes`` (module docstring, *Memory*). Needs one host sync per row chunk.
+    fits ``workspace_bytes`` (module docstring, *Memory*). Syncs twice: the windows, then the counts.
     ``scorer="gluon"`` scores with the sm_90 Gluon kernels (``mqa_logits_gluon_sm90``: its logits
     for the sample, ``fp8_mqa_filter_gluon`` for the candidates), the rest unchanged.
     """
@@ -515,6 +516,9 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         k_scale = ws.adopt(k_scale.float())
     if weights.dtype != torch.float32 or weights.stride(1) != 1:
         weights = ws.adopt(weights.float().contiguous())
+    # every row's candidate count, kept across chunks: the misjudged rows are found with one sync
+    # after the last chunk is enqueued, not one per chunk (the GPU would wait on the host each time)
+    counts = ws.empty(m, dtype=torch.int32)
     budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
@@ -538,7 +542,23 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         m1 = min(m, m0 + p["rows"])
         ctx["chunks"] += 1
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], lo_h[m0:m1], hi_h[m0:m1], topk, s, r, cap,
-               positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], budget, ctx)
+               positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], counts[m0:m1])
+
+    # The one sync after the windows': the counts say which rows the sample misjudged.
+    w_h = hi_h - lo_h
+    small = w_h <= topk
+    sampled = (w_h > cap) & (s > 0)
+    count = counts.cpu().to(torch.int64)
+    bad = sampled & ((count < topk) | (count > cap))
+    ctx["fallback_rows"] = int(bad.sum())
+    ctx["undercount_rows"] = int((sampled & (count < topk)).sum())
+    ctx["overflow_rows"] = int((sampled & (count > cap)).sum())
+    ctx["sampled_rows"] = int(sampled.sum())
+    ctx["dense_rows"] = int((~small & ~sampled).sum())
+    del counts
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()
+        _rescore(lp, ws, sel, q, k, k_scale, weights, rows, lo_h, hi_h, topk, positions, out, vals, budget - ws.live)
     if tun.report is not None:
         tun.report(ws, ctx)
     return out, vals
@@ -546,8 +566,11 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
 
 def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
            w: torch.Tensor, lo_h: torch.Tensor, hi_h: torch.Tensor, topk: int, s: int, r: int, cap: int,
-           positions: str, return_values: bool, out: torch.Tensor, vals: torch.Tensor | None, budget: int,
-           ctx: dict[str, Any]) -> None:
+           positions: str, return_values: bool, out: torch.Tensor, vals: torch.Tensor | None,
+           counts: torch.Tensor) -> None:
+    """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
+    candidate count goes to ``counts``; a misjudged row (count < topk or > C) gets no candidates
+    selected here, and the caller rescores it (step 5) once every chunk is enqueued."""
     dev = q.device
     mc = q.shape[0]
     n = k.shape[0]
@@ -589,53 +612,40 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     val = ws.empty(mc, cap, dtype=torch.float32)
     _launch_filter(lp, q, k, k_scale, w, kks, kke, tau, cnt, pos, val, cap)
 
-    # One sync: the counts decide which rows the sample misjudged.
-    count = torch.where(sampled, cnt.cpu().to(torch.int64), torch.where(scored, w_h, 0))
-    bad = sampled & ((count < topk) | (count > cap))
-    good = scored & ~bad
-    ctx["fallback_rows"] += int(bad.sum())
-    ctx["undercount_rows"] += int((sampled & (count < topk)).sum())
-    ctx["overflow_rows"] += int((sampled & (count > cap)).sum())
-    ctx["sampled_rows"] += int(sampled.sum())
-    ctx["dense_rows"] += int(dense.sum())
-    filled = count.clamp(max=cap)
+    # Which sampled rows the sample misjudged, on the device: they select nothing here.
+    sampled_d, scored_d = sampled.to(dev), scored.to(dev)
+    counts.copy_(torch.where(sampled_d, cnt, 0))
+    bad_d = sampled_d & ((cnt < topk) | (cnt > cap))
+    nvalid = torch.where(sampled_d, torch.where(bad_d, 0, cnt.clamp(max=cap)),
+                         torch.where(scored_d, w_h.to(dev, torch.int32), 0))
+    del cnt
 
     # 4. Exact selection over the candidates, in position order.
-    if bool(good.any()):
-        nvalid = torch.where(good, filled, 0).to(dev)
-        unused = ws.adopt(torch.arange(cap, device=dev)[None, :] >= nvalid[:, None])
-        pos.masked_fill_(unused, 2**31 - 1)
-        del unused
-        if bool((good & sampled).any()):  # dense rows are in position order already
-            with ws.scratch(_sort_bytes(mc * cap, 4) - mc * cap * 12):
-                spos, order = torch.sort(pos, dim=1)
-            ws.adopt(spos), ws.adopt(order)
-            sval = ws.adopt(val.gather(1, order))
-            del order, pos, val
-            pos, val = spos, sval
-            del spos, sval
-        idx = ws.empty(mc, topk, dtype=torch.int32)
-        v = ws.empty(mc, topk, dtype=torch.float32) if return_values else None
-        with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
-            sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
-        del val
-        got = pos.gather(1, idx.clamp(min=0).long())
-        del pos
-        lo_d = lo_h.to(dev)
-        got = torch.where(idx >= 0, got - (lo_d[:, None] if positions == "relative" else 0), -1).to(torch.int32)
-        g = good.to(dev)[:, None]
-        out.copy_(torch.where(g, got, out))
-        if vals is not None and v is not None:
-            vals.copy_(torch.where(g, v, vals))
-        del got, idx, v
-    else:
-        del pos, val
-
-    # 5. Rescoring of misjudged rows, dense, in key pieces merged with the best so far.
-    if bool(bad.any()):
-        rows = torch.nonzero(bad).flatten()
-        _rescore(lp, ws, sel, q, k, k_scale, w, rows, lo_h, hi_h, topk, positions, out, vals, budget - ws.live)
-    del n
+    unused = ws.adopt(torch.arange(cap, device=dev)[None, :] >= nvalid[:, None])
+    pos.masked_fill_(unused, 2**31 - 1)
+    del unused
+    if bool(sampled.any()):  # dense rows are in position order already
+        with ws.scratch(_sort_bytes(mc * cap, 4) - mc * cap * 12):
+            spos, order = torch.sort(pos, dim=1)
+        ws.adopt(spos), ws.adopt(order)
+        sval = ws.adopt(val.gather(1, order))
+        del order, pos, val
+        pos, val = spos, sval
+        del spos, sval
+    idx = ws.empty(mc, topk, dtype=torch.int32)
+    v = ws.empty(mc, topk, dtype=torch.float32) if return_values else None
+    with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
+        sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
+    del val
+    got = pos.gather(1, idx.clamp(min=0).long())
+    del pos
+    lo_d = lo_h.to(dev)
+    got = torch.where(idx >= 0, got - (lo_d[:, None] if positions == "relative" else 0), -1).to(torch.int32)
+    g = (scored_d & ~bad_d)[:, None]
+    out.copy_(torch.where(g, got, out))
+    if vals is not None and v is not None:
+        vals.copy_(torch.where(g, v, vals))
+    del got, idx, v
 
 
 def _rescore(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
