@@ -170,9 +170,12 @@ def test_random_inputs_select_a_valid_top_k(interpret, seed):
     edge_windows(inp, n)
     ref = fp8_mqa_logits_ref(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)
     for path in ("default", "sampled", "undercount"):
-        with tuning(config=SMALL, **PATHS[path]):
+        paths = Paths()
+        with tuning(config=SMALL, report=paths, **PATHS[path]):
             pos, val = run(inp, topk, positions="absolute", return_values=True)
         assert val is not None
+        if path == "sampled":  # no ties in random logits: every sampled row keeps its candidates
+            assert paths.total("sampled_rows") > 0 and paths.total("tie_rows") == 0
         for i in range(m):
             lo, hi = max(int(inp.ks[i]), 0), min(int(inp.ke[i]), n)
             chosen = pos[i][pos[i] >= 0].long()
@@ -494,6 +497,37 @@ def test_gluon_scorer_orchestration_takes_candidates_in_any_order(interpret, mon
         assert paths.fallback > 0
     if path == "sampled":
         assert paths.total("sampled_rows") > 0 and paths.fallback == 0
+
+
+@pytest.mark.parametrize("scorer", ["triton", "gluon"])
+def test_ties_at_the_kth_value_go_to_the_smaller_positions(interpret, monkeypatch, scorer):
+    """Logits in five levels (k_scale = 1 + n % 5), so a row's k-th value is shared by many more
+    candidates than are taken. The selection over the candidates breaks those ties by slot, and the
+    Gluon filter's slots come in any order (faked here, shuffled): such rows must be rescored, and
+    the result is the smallest positions of the top level, in both position modes."""
+    if scorer == "gluon":
+        from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g
+
+        monkeypatch.setattr(g, "fp8_mqa_filter_gluon", fake_gluon_filter)
+        monkeypatch.setattr(g, "fp8_mqa_logits_gluon", lambda q, k, k_scale, w, ks, ke, clean=True:
+                            fp8_mqa_logits_ref(q, k, k_scale, w, ks, ke).float())
+    m, n, h, d, topk = 4, 150, 16, 64, 7
+    inp = exact_inputs(m, n, h, d, seed=2, window="full")
+    inp.q.fill_(1.0)
+    inp.k.fill_(1.0)
+    inp.weights.fill_(1 / (h * d))
+    inp.k_scale.copy_(1.0 + torch.arange(n) % 5)
+    inp.ks.copy_(torch.tensor([0, 3, 17, 40], dtype=torch.int32))
+    inp.ke.copy_(torch.tensor([150, 140, 150, 149], dtype=torch.int32))
+    ref = fp8_mqa_logits_ref(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)
+    for positions in ("relative", "absolute"):
+        paths = Paths()
+        want_pos, want_val = oracle(ref, inp.ks, inp.ke, topk, positions)
+        with tuning(config=SMALL, report=paths, **PATHS["sampled"]):
+            pos, val = run(inp, topk, positions=positions, return_values=True, scorer=scorer)
+        assert torch.equal(pos, want_pos), (positions, pos, want_pos)
+        assert val is not None and torch.equal(val.double(), want_val)
+        assert paths.total("tie_rows") == m and paths.fallback == 0, paths.calls
 
 
 def test_scorer_is_checked():

@@ -19,8 +19,11 @@ below everything. How it gets there, per chunk of query rows:
    (position, value), to row m's candidate buffer [C] through a per-row int32 atomic counter (a
    cumulative sum inside the tile gives each cell its slot). With tau = -inf a row is *dense*: every
    cell of its window goes to slot ``n - lo`` (no atomics, positions already in order), NaN included.
-4. Rows with topk <= count <= C: candidates sorted by position, then ``select`` over them (ties to the
-   smaller candidate index == smaller position), indices mapped back to positions.
+4. Rows with topk <= count <= C: ``select`` over the candidates as they lie, then the winners'
+   positions sorted. The slots hand ties at the k-th value to the smaller slot, not the smaller
+   position: a row whose candidates hold more cells equal to its k-th value than were taken is
+   rescored (step 5) instead. Sorting ``topk`` winners instead of C candidates keeps the sort in
+   torch's one-block sort (rows up to 4096) and drops the gather of C values.
 5. Rows the sample misjudged (count < topk or count > C): rescored by the same kernel, dense, in key
    pieces of width P: each piece's values are selected together with the best ``topk`` so far (kept
    before the piece, so index order is position order). One host sync, after every chunk is
@@ -37,8 +40,9 @@ and the launch config: the config comes from (arch, H) alone (``default_config``
 the windows; the dot computes each output cell from its own row and column, and the head sum and the
 scale run in the same order whichever rows share a block or which program (key split) computes the
 tile. The grid (splits) depends on M, but only decides who computes a tile. Candidate append order
-varies between runs, but selection sorts candidates by position first, and ``select`` is exact, so
-the result is a function of the row's own values: the same bits alone, in any batch, in any chunk,
+varies between runs, but the selected set is every candidate above the k-th value plus every one
+equal to it (or the row is rescored), and it is sorted by position, so the result is a function of
+the row's own values: the same bits alone, in any batch, in any chunk,
 with any sample stride or path (row chunking and the stride depend on the batch; the result does not).
 
 Memory (the accounting ``plan`` does and the tests check). Beyond the inputs and the outputs
@@ -49,8 +53,9 @@ temporaries (:data:`SORT_SCRATCH`, a factor of the sorted bytes) and for ``selec
 fast-path chunk of Mc rows, with Ns = ceil(N / s) (rounded to 16) and C the capacity:
 
 - sample stage: 4*Ns (sample logits) + Ns (NaN mask) + sort scratch of torch.topk + 12*r;
-- candidate stage: 8*C (position, value) + C (mask) + 12*C (position sort: values, indices)
-  + scratch + 4*C (gathered values) ... and, while ``select`` runs, 8*C + SELECT_BYTES_PER_CELL*C;
+- candidate stage: 8*C (position, value) + 8*topk (the winners' slots and values) + the most of
+  SELECT_BYTES_PER_CELL*C (while ``select`` runs), 2*C (the tie check) and the winners' position
+  sort (12*topk, scratch, and the sorted copy);
 - small per-row state (windows, tau, counters, row lists): 64 bytes.
 
 The larger stage times Mc stays below the budget; Mc = budget // per-row bytes. A misjudged row is
@@ -59,9 +64,9 @@ and windows gathered (H*D + 4H + 64 bytes); P and the rows per rescoring chunk a
 fits, so neither N nor a window's width bounds what fits: at least ``topk`` cells per row must.
 On gfx942 e4m3fn inputs are relabelled to e4m3fnuz once; those copies (M*H*D + N*D bytes, plus the
 doubled weights and k_scale) are counted first. Examples at 256 MiB (``plan``): M=1024, N=2**20,
-topk=2048: s = 64, r = 64, C = 7168, 256 KiB per fast-path row, chunks of 1023 rows (the logits
-matrix would be 4 GiB); a misjudged row there is rescored in one piece of 2**20 keys, 7 rows at a
-time. M=4096, N=131072, topk=2048: s = 32, r = 105, C = 5328, 199 KiB per row, 4 chunks of <= 1320.
+topk=2048: s = 64, r = 64, C = 7168, 240 KiB per fast-path row, chunks of <= 955 rows (the logits
+matrix would be 4 GiB); a misjudged row there is rescored in one piece of 2**20 keys, 6 rows at a
+time. M=4096, N=131072, topk=2048: s = 32, r = 105, C = 5328, 183 KiB per row, 4 chunks of <= 1256.
 
 Predicted cost on an H200 (M=4096, N=131072, H=64, D=128, topk=2048, causal: ~N - M/2 keys per
 row, ~5.3e8 scored cells; fp8 ~1100 TFLOP/s achievable, 4 TB/s HBM):
@@ -120,6 +125,9 @@ SELECT_BYTES_PER_CELL = 24
 #: allocations, 12 of them returned (``h200_indexer.py --memory triton``); with 1.0 the kit's 16 MiB
 #: case peaked at 19.1 MiB.
 SORT_SCRATCH = 3.0
+#: The candidate count that marks a sampled row whose taken ties at the k-th value may not be the
+#: smallest positions (step 4): it is rescored like a misjudged row.
+TIE = -1
 #: Per-row bookkeeping: windows, tau, counters, row lists, kernel windows (a generous bound).
 _ROW_BYTES = 64
 #: The share of ``workspace_bytes`` the plan leaves unplanned, for what the byte counts above miss
@@ -360,11 +368,9 @@ def plan(m: int, n: int, h: int, d: int, topk: int, w_max: int, workspace_bytes:
     s, r, cap = sample_plan(topk, w_max, tun)
     ns = _round16(-(-n // s)) if s else 0
     sample_row = (4 * ns + ns + _sort_bytes(r, 4) + 4 * r + _sort_bytes(ns, 4) // 8) if s else 0
-    # Candidate stage, the largest of its moments: pos+val+mask+sort(out+scratch), then sorted pos +
-    # gathered values + select. Without a sample every row is dense: its candidates come in position
-    # order and are not sorted.
-    sort = _sort_bytes(cap, 4) if s else 0
-    cand_row = max(8 * cap + cap + sort, 8 * cap + SELECT_BYTES_PER_CELL * cap + 16 * topk)
+    # Candidate stage, the larger of its moments: pos + val + the select (with its outputs), then
+    # pos + val + the tie check's masks, then the winners' position sort (outputs and scratch).
+    cand_row = 8 * cap + 8 * topk + max(SELECT_BYTES_PER_CELL * cap, 2 * cap, 8 * topk + _sort_bytes(topk, 4))
     per_row = max(sample_row, cand_row) + _ROW_BYTES
     return {"stride": s, "rank": r, "capacity": cap, "sample_cols": ns, "sample_row_bytes": sample_row,
             "candidate_row_bytes": cand_row, "row_bytes": per_row,
@@ -549,9 +555,11 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     small = w_h <= topk
     sampled = (w_h > cap) & (s > 0)
     count = counts.cpu().to(torch.int64)
-    bad = sampled & ((count < topk) | (count > cap))
-    ctx["fallback_rows"] = int(bad.sum())
-    ctx["undercount_rows"] = int((sampled & (count < topk)).sum())
+    tied = sampled & (count == TIE)
+    bad = sampled & ((count < topk) | (count > cap))  # tied rows included
+    ctx["fallback_rows"] = int((bad & ~tied).sum())
+    ctx["tie_rows"] = int(tied.sum())
+    ctx["undercount_rows"] = int((sampled & ~tied & (count < topk)).sum())
     ctx["overflow_rows"] = int((sampled & (count > cap)).sum())
     ctx["sampled_rows"] = int(sampled.sum())
     ctx["dense_rows"] = int((~small & ~sampled).sum())
@@ -612,7 +620,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     val = ws.empty(mc, cap, dtype=torch.float32)
     _launch_filter(lp, q, k, k_scale, w, kks, kke, tau, cnt, pos, val, cap)
 
-    # Which sampled rows the sample misjudged, on the device: they select nothing here.
+    # Which sampled rows the sample misjudged, on the device: their results here are not kept.
     sampled_d, scored_d = sampled.to(dev), scored.to(dev)
     counts.copy_(torch.where(sampled_d, cnt, 0))
     bad_d = sampled_d & ((cnt < topk) | (cnt > cap))
@@ -620,32 +628,37 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
                          torch.where(scored_d, w_h.to(dev, torch.int32), 0))
     del cnt
 
-    # 4. Exact selection over the candidates, in position order.
-    unused = ws.adopt(torch.arange(cap, device=dev)[None, :] >= nvalid[:, None])
-    pos.masked_fill_(unused, 2**31 - 1)
-    del unused
-    if bool(sampled.any()):  # dense rows are in position order already
-        with ws.scratch(_sort_bytes(mc * cap, 4) - mc * cap * 12):
-            spos, order = torch.sort(pos, dim=1)
-        ws.adopt(spos), ws.adopt(order)
-        sval = ws.adopt(val.gather(1, order))
-        del order, pos, val
-        pos, val = spos, sval
-        del spos, sval
+    # 4. Exact selection over the candidates as they lie (in slot order, which the atomics made
+    #    arbitrary for sampled rows), then only the winners sorted by position. The slot order breaks
+    #    ties at the k-th value, so a sampled row whose candidates hold more cells equal to it than
+    #    were taken is marked for rescoring (counts = TIE): its taken ties may not be the smallest
+    #    positions. Dense rows' slots are their positions already.
     idx = ws.empty(mc, topk, dtype=torch.int32)
-    v = ws.empty(mc, topk, dtype=torch.float32) if return_values else None
+    v = ws.empty(mc, topk, dtype=torch.float32)
     with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
         sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
+    if bool(sampled.any()):
+        kth = v.amin(dim=1, keepdim=True)  # sampled rows: topk values taken, no padding, no NaN
+        with ws.scratch(2 * mc * cap):
+            ties = ((val == kth) & (torch.arange(cap, device=dev)[None, :] < nvalid[:, None])).sum(dim=1)
+        tied = sampled_d & ~bad_d & (ties > (v == kth).sum(dim=1))
+        counts.masked_fill_(tied, TIE)
+        bad_d |= tied
+        del kth, ties, tied
     del val
     got = pos.gather(1, idx.clamp(min=0).long())
     del pos
+    got.masked_fill_(idx < 0, 2**31 - 1)  # the padding sorts last
+    del idx
+    with ws.scratch(_sort_bytes(mc * topk, 4)):
+        got, order = torch.sort(got.int(), dim=1)
     lo_d = lo_h.to(dev)
-    got = torch.where(idx >= 0, got - (lo_d[:, None] if positions == "relative" else 0), -1).to(torch.int32)
+    got = torch.where(got != 2**31 - 1, got - (lo_d[:, None] if positions == "relative" else 0), -1).int()
     g = (scored_d & ~bad_d)[:, None]
     out.copy_(torch.where(g, got, out))
-    if vals is not None and v is not None:
-        vals.copy_(torch.where(g, v, vals))
-    del got, idx, v
+    if vals is not None:
+        vals.copy_(torch.where(g, v.gather(1, order), vals))
+    del got, order, v
 
 
 def _rescore(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
