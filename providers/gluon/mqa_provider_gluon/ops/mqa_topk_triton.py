@@ -54,7 +54,7 @@ fast-path chunk of Mc rows, with Ns = ceil(N / s) (rounded to 16) and C the capa
 
 - sample stage: 4*Ns (sample logits) + Ns (NaN mask) + sort scratch of torch.topk + 12*r;
 - candidate stage: 8*C (position, value) + 8*topk (the winners' slots and values) + the most of
-  SELECT_BYTES_PER_CELL*C (while ``select`` runs), 2*C (the tie check) and the winners' position
+  SELECT_BYTES_PER_CELL*C (while ``select`` runs), 3*C (the tie check) and the winners' position
   sort (12*topk, scratch, and the sorted copy);
 - small per-row state (windows, tau, counters, row lists): 64 bytes.
 
@@ -370,7 +370,7 @@ def plan(m: int, n: int, h: int, d: int, topk: int, w_max: int, workspace_bytes:
     sample_row = (4 * ns + ns + _sort_bytes(r, 4) + 4 * r + _sort_bytes(ns, 4) // 8) if s else 0
     # Candidate stage, the larger of its moments: pos + val + the select (with its outputs), then
     # pos + val + the tie check's masks, then the winners' position sort (outputs and scratch).
-    cand_row = 8 * cap + 8 * topk + max(SELECT_BYTES_PER_CELL * cap, 2 * cap, 8 * topk + _sort_bytes(topk, 4))
+    cand_row = 8 * cap + 8 * topk + max(SELECT_BYTES_PER_CELL * cap, 3 * cap, 8 * topk + _sort_bytes(topk, 4))
     per_row = max(sample_row, cand_row) + _ROW_BYTES
     return {"stride": s, "rank": r, "capacity": cap, "sample_cols": ns, "sample_row_bytes": sample_row,
             "candidate_row_bytes": cand_row, "row_bytes": per_row,
@@ -577,8 +577,9 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
            positions: str, return_values: bool, out: torch.Tensor, vals: torch.Tensor | None,
            counts: torch.Tensor) -> None:
     """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
-    candidate count goes to ``counts``; a misjudged row (count < topk or > C) gets no candidates
-    selected here, and the caller rescores it (step 5) once every chunk is enqueued."""
+    candidate count goes to ``counts`` (:data:`TIE` for a row tied at its k-th value); a misjudged or
+    tied row's result here is not kept, and the caller rescores it (step 5) once every chunk is
+    enqueued."""
     dev = q.device
     mc = q.shape[0]
     n = k.shape[0]
@@ -639,7 +640,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
         sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
     if bool(sampled.any()):
         kth = v.amin(dim=1, keepdim=True)  # sampled rows: topk values taken, no padding, no NaN
-        with ws.scratch(2 * mc * cap):
+        with ws.scratch(3 * mc * cap):
             ties = ((val == kth) & (torch.arange(cap, device=dev)[None, :] < nvalid[:, None])).sum(dim=1)
         tied = sampled_d & ~bad_d & (ties > (v == kth).sum(dim=1))
         counts.masked_fill_(tied, TIE)
@@ -651,7 +652,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     got.masked_fill_(idx < 0, 2**31 - 1)  # the padding sorts last
     del idx
     with ws.scratch(_sort_bytes(mc * topk, 4)):
-        got, order = torch.sort(got.int(), dim=1)
+        got, order = torch.sort(got, dim=1)
     lo_d = lo_h.to(dev)
     got = torch.where(got != 2**31 - 1, got - (lo_d[:, None] if positions == "relative" else 0), -1).int()
     g = (scored_d & ~bad_d)[:, None]
