@@ -544,8 +544,9 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     s, r, cap = p["stride"], p["rank"], p["capacity"]
     ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
                            "dense_rows": 0, "chunks": 0}
-    for m0 in range(0, m, p["rows"]):
-        m1 = min(m, m0 + p["rows"])
+    step = -(-m // -(-m // p["rows"]))  # as many chunks as the plan needs, of equal size (no small tail)
+    for m0 in range(0, m, step):
+        m1 = min(m, m0 + step)
         ctx["chunks"] += 1
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], lo_h[m0:m1], hi_h[m0:m1], topk, s, r, cap,
                positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], counts[m0:m1])
