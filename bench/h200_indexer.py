@@ -185,7 +185,7 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
             from mqa_provider_gluon.ops.mqa_topk_triton import fp8_mqa_topk_triton
 
             cols["fused gluon"] = lambda: fp8_mqa_topk_triton(q, kv[0], kv[1], w, ks, ke, s.topk, positions="absolute",
-                                                              select=GLUON._select, scorer="gluon")
+                                                              select=GLUON._select, scorer="gluon")[0]
         if fi is not None:
             lengths = (ke - ks).clamp(min=0).int()
             cols["logits+FI"] = lambda: fi.top_k_ragged_transform(
