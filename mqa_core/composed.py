@@ -144,10 +144,10 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     whole = np.zeros(m, dtype=bool)
     if not return_values:
         whole = np.maximum(np.minimum(windows[1], n) - np.clip(windows[0], 0, n), 0) <= topk
-    scored = np.where(whole, 0, windows)  # whole rows: empty windows, which widen no chunk
-    chunks = plan_prefill(scored[0], scored[1], n, cells, topk, return_values)
     if whole.all():
         return whole_windows(torch.empty((m, topk), dtype=torch.int32, device=device), ks, ke, n, positions), None
+    scored = np.where(whole, 0, windows)  # whole rows: empty windows, which widen no chunk
+    chunks = plan_prefill(scored[0], scored[1], n, cells, topk, return_values)
     if whole.any():
         ks_s, ke_s = torch.from_numpy(scored).to(device)
     else:
