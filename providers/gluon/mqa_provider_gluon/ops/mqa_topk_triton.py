@@ -544,18 +544,32 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     s, r, cap = p["stride"], p["rank"], p["capacity"]
     ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
                            "dense_rows": 0, "chunks": 0}
+    # Every row's path and windows, decided on the host in one table: a chunk's rows go to the device
+    # from pinned memory without a sync. A copy of pageable memory syncs the stream, and the steps
+    # made ten of them a chunk, so the GPU waited for the host at each (an H100 profile of the
+    # Gluon-scored call: 19 ms of kernels in 34).
+    small = w_h <= topk  # all of the window
+    sampled = (w_h > cap) & (s > 0)  # a threshold from the sample
+    scored = ~small | return_values  # the filter kernel runs on it (tau = -inf unless sampled)
+    sample_lo = torch.where(sampled, -(-lo_h // max(s, 1)), 0)
+    sample_hi = torch.where(sampled, -(-hi_h // max(s, 1)), 0)
+    table = torch.stack((lo_h, hi_h, torch.where(scored, lo_h, 0), torch.where(scored, hi_h, 0), sample_lo, sample_hi,
+                         sampled, scored), dim=1).to(torch.int32)  # [M, 8]: a chunk's rows are contiguous
+    if dev.type == "cuda":
+        table = table.pin_memory()  # alive until the counts' sync below, after every copy from it
     step = -(-m // -(-m // p["rows"]))  # as many chunks as the plan needs, of equal size (no small tail)
     for m0 in range(0, m, step):
         m1 = min(m, m0 + step)
         ctx["chunks"] += 1
-        _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], lo_h[m0:m1], hi_h[m0:m1], topk, s, r, cap,
-               positions, return_values, out[m0:m1], None if vals is None else vals[m0:m1], counts[m0:m1])
+        rows = _Rows(ws.adopt(table[m0:m1].to(dev, non_blocking=True).t().contiguous()), sampled[m0:m1],
+                     scored[m0:m1])
+        _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
+               None if vals is None else vals[m0:m1], counts[m0:m1])
+        del rows
 
     # The one sync after the windows': the counts say which rows the sample misjudged.
-    w_h = hi_h - lo_h
-    small = w_h <= topk
-    sampled = (w_h > cap) & (s > 0)
     count = counts.cpu().to(torch.int64)
+    del table
     tied = sampled & (count == TIE)
     bad = sampled & ((count < topk) | (count > cap))  # tied rows included
     ctx["fallback_rows"] = int((bad & ~tied).sum())
@@ -573,10 +587,22 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     return out, vals
 
 
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """A chunk's rows: on the device (int32 rows of ``table``: window start and end, the filter's
+    windows, the sample's windows, sampled, scored) and, for host-side decisions, the two masks."""
+
+    table: torch.Tensor
+    sampled: torch.Tensor
+    scored: torch.Tensor
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.table[i]
+
+
 def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
-           w: torch.Tensor, lo_h: torch.Tensor, hi_h: torch.Tensor, topk: int, s: int, r: int, cap: int,
-           positions: str, return_values: bool, out: torch.Tensor, vals: torch.Tensor | None,
-           counts: torch.Tensor) -> None:
+           w: torch.Tensor, rows: _Rows, topk: int, s: int, r: int, cap: int, positions: str, out: torch.Tensor,
+           vals: torch.Tensor | None, counts: torch.Tensor) -> None:
     """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
     candidate count goes to ``counts`` (:data:`TIE` for a row tied at its k-th value); a misjudged or
     tied row's result here is not kept, and the caller rescores it (step 5) once every chunk is
@@ -584,16 +610,13 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     dev = q.device
     mc = q.shape[0]
     n = k.shape[0]
-    w_h = hi_h - lo_h
-    small = w_h <= topk  # all of the window
-    sampled = (w_h > cap) & (s > 0)
-    dense = ~small & ~sampled
-    scored = sampled | dense | (small & return_values)
+    sampled, scored = rows.sampled, rows.scored
+    lo_d, hi_d = rows[0], rows[1]
 
     # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
     #    here; the others are overwritten below.
     with ws.scratch(mc * topk + 16 * mc):
-        whole_windows(out, lo_h.to(dev), hi_h.to(dev), n, positions)
+        whole_windows(out, lo_d, hi_d, n, positions)
     if not bool(scored.any()):
         return
 
@@ -601,33 +624,29 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     tau = ws.empty(mc, dtype=torch.float32)
     tau.fill_(float("-inf"))
     if bool(sampled.any()):
-        ks_s = torch.where(sampled, -(-lo_h // s), 0).to(torch.int32)
-        ke_s = torch.where(sampled, -(-hi_h // s), 0).to(torch.int32)
-        sample = ws.adopt(_sample_logits(lp, q, k[::s], k_scale[::s], w, ks_s.to(dev), ke_s.to(dev)))
+        sample = ws.adopt(_sample_logits(lp, q, k[::s], k_scale[::s], w, rows[4], rows[5]))
         nan = ws.adopt(torch.isnan(sample))
         sample.masked_fill_(nan, float("-inf"))
         del nan
         with ws.scratch(_sort_bytes(r, 4) + _sort_bytes(sample.shape[1], 4) // 8):
             th = torch.topk(sample, r, dim=1, sorted=False).values.amin(dim=1)
         del sample
-        tau.copy_(torch.where(sampled.to(dev), th, float("-inf")))
+        tau.copy_(torch.where(rows[6].bool(), th, float("-inf")))
         del th
 
     # 3. The filter kernel: candidates of every scored row.
-    kks = ws.adopt(torch.where(scored, lo_h, 0).to(device=dev, dtype=torch.int32))
-    kke = ws.adopt(torch.where(scored, hi_h, 0).to(device=dev, dtype=torch.int32))
     cnt = ws.empty(mc, dtype=torch.int32)
     cnt.zero_()
     pos = ws.empty(mc, cap, dtype=torch.int32)
     val = ws.empty(mc, cap, dtype=torch.float32)
-    _launch_filter(lp, q, k, k_scale, w, kks, kke, tau, cnt, pos, val, cap)
+    _launch_filter(lp, q, k, k_scale, w, rows[2], rows[3], tau, cnt, pos, val, cap)
 
     # Which sampled rows the sample misjudged, on the device: their results here are not kept.
-    sampled_d, scored_d = sampled.to(dev), scored.to(dev)
+    sampled_d, scored_d = rows[6].bool(), rows[7].bool()
     counts.copy_(torch.where(sampled_d, cnt, 0))
     bad_d = sampled_d & ((cnt < topk) | (cnt > cap))
     nvalid = torch.where(sampled_d, torch.where(bad_d, 0, cnt.clamp(max=cap)),
-                         torch.where(scored_d, w_h.to(dev, torch.int32), 0))
+                         torch.where(scored_d, hi_d - lo_d, 0))
     del cnt
 
     # 4. Exact selection over the candidates as they lie (in slot order, which the atomics made
@@ -654,7 +673,6 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     del idx
     with ws.scratch(_sort_bytes(mc * topk, 4)):
         got, order = torch.sort(got, dim=1)
-    lo_d = lo_h.to(dev)
     got = torch.where(got != 2**31 - 1, got - (lo_d[:, None] if positions == "relative" else 0), -1).int()
     g = (scored_d & ~bad_d)[:, None]
     out.copy_(torch.where(g, got, out))
