@@ -15,6 +15,9 @@ Per shape, on the same inputs, every column is checked, then timed, with its pea
 - ``fused gluon`` (prefill): the fused orchestration scored by the Gluon kernels (``scorer="gluon"``:
   the Gluon logits kernel for the sample, its candidate epilogue for the filter); the ``gluon``
   provider's default once it is measured faster than ``gluon`` (``GLUON_PREFILL_TOPK``).
+- ``sliced gluon`` (prefill): the same orchestration with ``filter="slices"``: the Gluon logits
+  kernel over key slices that fit the workspace, each slice's candidates appended by a one-warp
+  streaming kernel; the selection runs once per row chunk over candidates, not over every logit.
 - ``logits+FI``: mqa-core's logits (gluon), then FlashInfer's ``top_k_ragged_transform`` with
   ``deterministic=True, tie_break=1`` (smaller index wins) and ``row_starts``: the same selection rule
   over the same scores. Needs ``--fi DIR`` (the unpacked archive of
@@ -186,6 +189,9 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
 
             cols["fused gluon"] = lambda: fp8_mqa_topk_triton(q, kv[0], kv[1], w, ks, ke, s.topk, positions="absolute",
                                                               select=GLUON._select, scorer="gluon")[0]
+            cols["sliced gluon"] = lambda: fp8_mqa_topk_triton(q, kv[0], kv[1], w, ks, ke, s.topk,
+                                                               positions="absolute", select=GLUON._select,
+                                                               scorer="gluon", filter="slices")[0]
         if fi is not None:
             lengths = (ke - ks).clamp(min=0).int()
             cols["logits+FI"] = lambda: fi.top_k_ragged_transform(
@@ -312,13 +318,14 @@ def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps:
     del logits
     if "composed" in picks and "fused" in picks:
         row["composed==fused"] = bool(torch.equal(picks["composed"], picks["fused"]))
-    if "gluon" in picks and "fused gluon" in picks:
-        row["gluon==fused gluon"] = bool(torch.equal(picks["gluon"], picks["fused gluon"]))
+    for name in ("fused gluon", "sliced gluon"):
+        if "gluon" in picks and name in picks:
+            row[f"gluon=={name}"] = bool(torch.equal(picks["gluon"], picks[name]))
     base = row.get("DG+torch.topk ms")
-    for name in ("composed", "fused", "gluon", "fused gluon", "logits+FI"):
+    for name in (*OURS, "logits+FI"):
         if base and row.get(f"{name} ms"):
             row[f"{name} x DG"] = round(base / row[f"{name} ms"], 2)
-    ours = {c: row[f"{c} ms"] for c in ("composed", "fused", "gluon", "fused gluon")
+    ours = {c: row[f"{c} ms"] for c in OURS
             if row.get(f"{c} ms") and row.get(f"{c} check") == "ok"}
     if ours:
         best = min(ours, key=ours.get)  # type: ignore[arg-type]
@@ -330,7 +337,7 @@ def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = ("DG+torch.topk", "composed", "fused", "gluon", "fused gluon", "logits+FI")
+    cols = ("DG+torch.topk", *OURS, "logits+FI")
     head = f"{'shape':24} {'in':4} " + " ".join(f"{c + ' ms':>17}" for c in cols) + \
         f" {'best':>11} {'x DG':>5} {'x FI':>5} " + " ".join(f"{c[:9] + ' MiB':>13}" for c in cols) + "  checks"
     lines = [head]
@@ -343,6 +350,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: mqa-core's columns (the best of them is the row's ``best``).
+OURS = ("composed", "fused", "gluon", "fused gluon", "sliced gluon")
 VARIANTS = "default,ahead=1,filter_block=4096,separate=1,block=1024+num_warps=4,split_target=1024"
 
 
@@ -609,7 +618,7 @@ def main() -> None:
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one call a shape")
     ap.add_argument("--column", default="composed", help="with --profile: the column to profile (composed, "
-                    "fused, gluon, 'fused gluon')")
+                    "fused, gluon, 'fused gluon', 'sliced gluon')")
     ap.add_argument("--workspace", default="", help="with --profile: comma-separated MQA_WORKSPACE_MB figures "
                     "to time the composed call at")
     ap.add_argument("--counts", action="store_true", help="the select's filter counts on the device against a "

@@ -145,6 +145,75 @@ def test_exact_inputs_equal_the_oracle(interpret, path, m, n, h, d, window, topk
         assert paths.total("sampled_rows") == 0 and paths.total("dense_rows") > 0  # W < 4 topk: no sample
 
 
+@pytest.fixture
+def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``filter="slices"`` at test sizes: slice filter programs of 32 columns in steps of 16, so a
+    40-key slice has two programs a row and windows start and end inside steps."""
+    monkeypatch.setattr(op, "SLICE_SEG", 32)
+    monkeypatch.setattr(op, "SLICE_BLOCK", 16)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("case", [EXACT_CASES[0], EXACT_CASES[1]], ids=["ragged", "causal"])
+def test_slices_equal_the_oracle(interpret, small_slices, path, case):
+    """``filter="slices"``: the logits kernel over 40-key slices, each slice's candidates appended by
+    the slice filter kernel; exact inputs must give the oracle's positions and values on every path
+    (dense rows write their slots directly, sampled rows count through the atomic, rescoring pieces
+    go through the same slices), with every buffer poisoned."""
+    m, n, h, d, window, topk = case
+    inp = exact_inputs(m, n, h, d, seed=m * 100 + n, window=window)
+    if window == "ragged":
+        edge_windows(inp, n)
+    ref = fp8_mqa_logits_ref(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)
+    paths = Paths()
+    for positions in ("relative", "absolute"):
+        want_pos, want_val = oracle(ref, inp.ks, inp.ke, topk, positions)
+        with tuning(config=SMALL, poison=True, report=paths, slice=40, **PATHS[path]):
+            pos, val = run(inp, topk, positions=positions, return_values=True, filter="slices")
+        assert torch.equal(pos, want_pos), (positions, pos, want_pos)
+        assert val is not None and torch.equal(val.double(), want_val)
+    if path in ("undercount", "overflow", "pieces"):
+        assert paths.fallback > 0, "the rescoring path did not run"
+    if path == "sampled":
+        assert paths.fallback == 0 and paths.total("sampled_rows") > 0
+
+
+def test_slice_filter_counts_every_passing_cell(interpret):
+    """The slice filter kernel alone, on a poisoned logits slice: a sampled row's count is every
+    in-window cell >= tau (beyond the capacity too), its first ``cap`` slots hold exactly such cells
+    (any order), a dense row (tau = -inf) writes each window cell, NaN and -inf included, to slot
+    ``col - ks``, and no slot past a row's cells is written."""
+    from mqa_provider_gluon.ops.mqa_logits_triton import _interpreting
+
+    g = torch.Generator().manual_seed(11)
+    rows, ncols, c0, cap = 5, 200, 1000, 30
+    x = torch.randn(rows, ncols, generator=g)
+    x[3, 10], x[3, 11] = float("nan"), float("-inf")
+    ks = torch.tensor([-5, 17, 0, 3, 150], dtype=torch.int32)
+    ke = torch.tensor([300, 170, 0, 30, 160], dtype=torch.int32)
+    tau = torch.tensor([1.0, 0.5, 0.0, float("-inf"), -10.0])
+    cnt = torch.zeros(rows, dtype=torch.int32)
+    pos = torch.full((rows, cap), -7, dtype=torch.int32)
+    val = torch.full((rows, cap), float("nan"))
+    with _interpreting():
+        op.slice_filter_kernel(True)[(rows, -(-ncols // 64))](x, x.stride(0), ks, ke, tau, cnt, pos, val, cap, cap,
+                                                              c0, ncols, SEG=64, BLOCK=16, num_warps=1)
+    for r in range(rows):
+        lo, hi = max(int(ks[r]), 0), min(int(ke[r]), ncols)
+        cells = {(c0 + c, float(x[r, c])) for c in range(lo, hi) if x[r, c] >= tau[r]}
+        if r == 3:  # dense: every window cell at col - ks
+            assert int(cnt[r]) == 0
+            assert pos[r, :hi - lo].tolist() == [c0 + c for c in range(lo, hi)]
+            assert torch.equal(val[r, :hi - lo].view(torch.int32), x[r, lo:hi].view(torch.int32))
+            assert (pos[r, hi - lo:] == -7).all()
+            continue
+        assert int(cnt[r]) == len(cells), (r, int(cnt[r]), len(cells))
+        got = min(len(cells), cap)
+        assert {(int(p), float(v)) for p, v in zip(pos[r, :got], val[r, :got])} <= cells
+        assert len(set(pos[r, :got].tolist())) == got
+        assert (pos[r, got:] == -7).all() and torch.isnan(val[r, got:]).all()
+
+
 def test_ties_go_to_the_smaller_position(interpret):
     """All-equal logits (q, k constant): the first topk positions of each window, in every path."""
     m, n, h, d, topk = 6, 90, 16, 64, 7
@@ -499,8 +568,8 @@ def test_gluon_scorer_orchestration_takes_candidates_in_any_order(interpret, mon
         assert paths.total("sampled_rows") > 0 and paths.fallback == 0
 
 
-@pytest.mark.parametrize("scorer", ["triton", "gluon"])
-def test_ties_at_the_kth_value_go_to_the_smaller_positions(interpret, monkeypatch, scorer):
+@pytest.mark.parametrize("scorer", ["triton", "gluon", "slices"])
+def test_ties_at_the_kth_value_go_to_the_smaller_positions(interpret, monkeypatch, small_slices, scorer):
     """Logits in five levels (k_scale = 1 + n % 5), so a row's k-th value is shared by many more
     candidates than are taken. The selection over the candidates breaks those ties by slot, and the
     Gluon filter's slots come in any order (faked here, shuffled): such rows must be rescored, and
@@ -523,8 +592,9 @@ def test_ties_at_the_kth_value_go_to_the_smaller_positions(interpret, monkeypatc
     for positions in ("relative", "absolute"):
         paths = Paths()
         want_pos, want_val = oracle(ref, inp.ks, inp.ke, topk, positions)
-        with tuning(config=SMALL, report=paths, **PATHS["sampled"]):
-            pos, val = run(inp, topk, positions=positions, return_values=True, scorer=scorer)
+        kw = {"filter": "slices"} if scorer == "slices" else {"scorer": scorer}
+        with tuning(config=SMALL, report=paths, slice=40, **PATHS["sampled"]):
+            pos, val = run(inp, topk, positions=positions, return_values=True, **kw)
         assert torch.equal(pos, want_pos), (positions, pos, want_pos)
         assert val is not None and torch.equal(val.double(), want_val)
         assert paths.total("tie_rows") == m and paths.fallback == 0, paths.calls
@@ -534,6 +604,8 @@ def test_scorer_is_checked():
     inp = exact_inputs(3, 20, 16, 64, seed=1)
     with pytest.raises(ValueError, match="scorer"):
         run(inp, 4, scorer="cuda")
+    with pytest.raises(ValueError, match="filter"):
+        run(inp, 4, filter="fused")
 
 
 def _gluon_reason() -> str | None:
@@ -555,12 +627,14 @@ GLUON_PATHS = {
 
 @pytest.mark.cuda
 @pytest.mark.skipif(_gluon_reason() is not None, reason=f"the Gluon scorer runs on sm_90 only: {_gluon_reason()}")
+@pytest.mark.parametrize("filter", ["epilogue", "slices"])
 @pytest.mark.parametrize("positions", ["relative", "absolute"])
 @pytest.mark.parametrize("path", list(GLUON_PATHS))
-def test_gpu_gluon_scorer_matches_dense_gluon_logits(path, positions):
-    """The candidates come from the Gluon kernel's filter epilogue (atomics: any order); the result must
-    still be the exact selection over the Gluon logits kernel's values, bit for bit, on ragged windows
-    (an empty row, windows shorter than topk, ks < 0 and ke > N), on every path, twice."""
+def test_gpu_gluon_scorer_matches_dense_gluon_logits(path, positions, filter):
+    """The candidates come from the Gluon kernel's filter epilogue, or from its logits in key slices
+    (atomics: any order); the result must still be the exact selection over the Gluon logits kernel's
+    values, bit for bit, on ragged windows (an empty row, windows shorter than topk, ks < 0 and
+    ke > N), on every path, twice. Slices of 3000 keys: seven of them, windows crossing each."""
     from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
 
     m, n, h, d, topk = 300, 20000, 64, 128, 512
@@ -572,11 +646,11 @@ def test_gpu_gluon_scorer_matches_dense_gluon_logits(path, positions):
     ks[2], ke[2] = -9, n + 9
     tun, falls_back = GLUON_PATHS[path]
     paths = Paths()
-    with tuning(report=paths, poison=True, **tun):
+    with tuning(report=paths, poison=True, slice=3000, **tun):
         pos, val = fp8_mqa_topk_triton(q, k, k_scale, w, ks, ke, topk, positions=positions, return_values=True,
-                                       scorer="gluon")
+                                       scorer="gluon", filter=filter)
         again, again_val = fp8_mqa_topk_triton(q, k, k_scale, w, ks, ke, topk, positions=positions,
-                                               return_values=True, scorer="gluon")
+                                               return_values=True, scorer="gluon", filter=filter)
     assert torch.equal(pos, again) and val is not None and again_val is not None
     assert torch.equal(val.view(torch.int32), again_val.view(torch.int32))
     logits = fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke)
@@ -590,7 +664,8 @@ def test_gpu_gluon_scorer_matches_dense_gluon_logits(path, positions):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(_gluon_reason() is not None, reason=f"the Gluon scorer runs on sm_90 only: {_gluon_reason()}")
-def test_gpu_gluon_scorer_exact_inputs_tie_rule():
+@pytest.mark.parametrize("filter", ["epilogue", "slices"])
+def test_gpu_gluon_scorer_exact_inputs_tie_rule(filter):
     """Small-integer inputs: exact fp32 logits with many ties across tiles and candidate slots. The
     atomics hand out slots in any order; ties must still go to the smaller position."""
     from mqa_provider_gluon.ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
@@ -598,8 +673,8 @@ def test_gpu_gluon_scorer_exact_inputs_tie_rule():
     m, n, h, d, topk = 64, 6000, 64, 128, 64
     inp = exact_inputs(m, n, h, d, seed=5)
     cu = [t.cuda() for t in (inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)]
-    with tuning(stride=8, rank=16):
-        pos, _ = fp8_mqa_topk_triton(*cu, topk, scorer="gluon")
+    with tuning(stride=8, rank=16, slice=1024):
+        pos, _ = fp8_mqa_topk_triton(*cu, topk, scorer="gluon", filter=filter)
     logits = fp8_mqa_logits_gluon(*cu)
     want, _ = oracle(logits.cpu(), inp.ks, inp.ke, topk)
     assert torch.equal(pos.cpu(), want)

@@ -64,7 +64,9 @@ def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor |
 
 
 #: The ``gluon`` provider's prefill top-k on sm_90: "fused" (the Gluon kernels score the fused
-#: indexer, no [M, N] matrix) or "two-stage" (Gluon logits in row chunks, then the Triton select).
+#: indexer, no [M, N] matrix), "sliced" (the fused indexer's orchestration over Gluon logits in key
+#: slices, each filtered by a streaming kernel: ``filter="slices"``) or "two-stage" (Gluon logits in
+#: row chunks, then the Triton select over every logit).
 GLUON_PREFILL_TOPK = "two-stage"
 
 
@@ -160,8 +162,9 @@ class MqaKernels:
 
         Where the ``gluon`` provider runs the Gluon sm_90 logits kernel, the Gluon kernels score
         (``scorer="gluon"``: its logits for the sample, its candidate epilogue for the filter) when
-        :data:`GLUON_PREFILL_TOPK` is ``"fused"``; ``"two-stage"`` is its logits in row chunks within
-        the workspace, then the Triton radix select. Elsewhere the portable Triton kernel scores."""
+        :data:`GLUON_PREFILL_TOPK` is ``"fused"`` (``"sliced"``: its logits kernel over key slices,
+        filtered by a streaming kernel); ``"two-stage"`` is its logits in row chunks within the
+        workspace, then the Triton radix select. Elsewhere the portable Triton kernel scores."""
         k, k_scale = kv
         scorer = "triton"
         if self.use_gluon and q.get_device() >= 0:
@@ -176,7 +179,9 @@ class MqaKernels:
 
         return fp8_mqa_topk_triton(q, k, k_scale.reshape(-1), weights, cu_seqlen_ks, cu_seqlen_ke, topk,
                                    positions=positions, return_values=return_values,
-                                   workspace_bytes=workspace_bytes, select=self._select, scorer=scorer)
+                                   workspace_bytes=workspace_bytes, select=self._select, scorer=scorer,
+                                   filter="slices" if scorer == "gluon" and GLUON_PREFILL_TOPK == "sliced"
+                                   else "epilogue")
 
     def _two_stage_prefill(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                            ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str, return_values: bool,

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import weakref
 from collections.abc import Callable, Iterator
@@ -113,6 +114,7 @@ from .mqa_logits_triton import (
     default_config,
     fp8_mqa_logits_triton,
 )
+from .topk_triton import _rebound
 
 __all__ = ["SELECT_BYTES_PER_CELL", "SORT_SCRATCH", "Select", "Tuning", "Workspace", "filter_constexprs",
            "filter_kernel", "fp8_mqa_topk_triton", "plan", "sample_plan", "select_topk_torch", "tuning"]
@@ -255,6 +257,84 @@ def filter_constexprs(cfg: TritonConfig, h: int, d: int, tma: bool = False) -> d
     return consts
 
 
+# ---- the slice filter: candidates from logits a logits kernel wrote (``filter="slices"``) ------------
+
+#: Columns of a logits slice per slice-filter program, and per step of its loop.
+SLICE_SEG = 4096
+SLICE_BLOCK = 256
+#: Slices start and grow in multiples of this many keys (k and k_scale slices stay 16-byte aligned).
+SLICE_ALIGN = 256
+
+
+def _slice_append(v, offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr, crow, cap, c0):
+    """Append the cells of one step (``ok``: in the window) that reach ``tau`` (see the kernel)."""
+    keep = ok & ((v >= tau) | dense)
+    ki = keep.to(tl.int32)
+    total = tl.sum(ki, 0)
+    base = tl.atomic_add(cnt_ptr + m, total, mask=(total > 0) & (tau != float("-inf")), sem="relaxed")
+    slot = tl.where(dense, offs - a, base + tl.cumsum(ki, 0) - 1)
+    put = keep & (slot < cap)
+    tl.store(pos_ptr + crow + slot, offs + c0, mask=put)
+    tl.store(val_ptr + crow + slot, v, mask=put)
+
+
+def _slice_filter_kernel(x_ptr, stride_xm, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos_ptr, val_ptr, stride_cm, cap, c0,
+                         ncols, SEG: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (m, j) appends the cells of columns ``[j*SEG, (j+1)*SEG)`` of row m of ``x`` (the logits
+    of keys ``[c0, c0 + ncols)``) that lie in the row's window ``[ks, ke)`` (slice columns, ``ks`` the
+    window start less c0) and reach ``tau[m]``, as the filter kernel's epilogue does: to slot
+    ``col - ks`` for a dense row (tau = -inf), else to the row's counter (one atomic a step).
+
+    One warp a program: the cumulative sum and the step's total are warp shuffles, so programs keep
+    their loads in flight instead of waiting on each other's barriers (the radix select's filter, 8
+    warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK columns; the steps
+    wholly inside the window load unmasked, 16 bytes a thread a load, and only a partial first and
+    last step are masked."""
+    m = tl.program_id(0)
+    j = tl.program_id(1)
+    a = tl.load(ks_ptr + m)
+    b = tl.load(ke_ptr + m)
+    tau = tl.load(tau_ptr + m)
+    dense = tau == float("-inf")
+    beg = tl.maximum(a, j * SEG)
+    end = tl.minimum(tl.minimum(b, ncols), (j + 1) * SEG)
+    row = x_ptr + tl.cast(m, tl.int64) * stride_xm
+    crow = tl.cast(m, tl.int64) * stride_cm
+    step = tl.arange(0, BLOCK)
+    first = tl.cdiv(beg, BLOCK) * BLOCK  # the first whole step
+    last = end // BLOCK * BLOCK  # where the whole steps end
+    if beg < tl.minimum(first, end):  # a partial first step (or the window inside one step)
+        offs = beg // BLOCK * BLOCK + step
+        ok = (offs >= beg) & (offs < end)
+        _slice_append(tl.load(row + offs, mask=ok, other=0.0), offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr,
+                      crow, cap, c0)
+    # each whole step's load is issued one step ahead (a uniform mask keeps it 16 bytes wide)
+    v = tl.load(row + first + step, mask=first < last, other=0.0)
+    for i in range(first, last, BLOCK):
+        offs = tl.multiple_of(i, BLOCK) + step
+        ahead = tl.load(row + offs + BLOCK, mask=i + BLOCK < last, other=0.0)
+        _slice_append(v, offs, offs >= 0, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr, crow, cap, c0)
+        v = ahead
+    if (last >= first) & (last < end):  # a partial last step
+        offs = last + step
+        ok = offs < end
+        _slice_append(tl.load(row + offs, mask=ok, other=0.0), offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr,
+                      crow, cap, c0)
+
+
+@functools.lru_cache(maxsize=2)
+def slice_filter_kernel(interpret: bool | None = None) -> Any:
+    """The jitted slice filter kernel for ``interpret`` (default: what TRITON_INTERPRET says now),
+    calling its helper jitted for the same mode (``topk_triton._jitted`` says why)."""
+    if interpret is None:
+        return slice_filter_kernel(bool(triton.knobs.runtime.interpret))
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = interpret
+        glb = dict(_slice_filter_kernel.__globals__)
+        glb["_slice_append"] = triton.jit(_rebound(_slice_append, glb))
+        return triton.jit(_rebound(_slice_filter_kernel, glb), do_not_specialize=["cap", "c0", "ncols"])
+
+
 # ---- workspace: every temporary through one allocator -------------------------------------------
 
 class Workspace:
@@ -312,6 +392,8 @@ class Tuning:
     #: Rescoring piece width cap (None: as wide as the workspace allows).
     piece: int | None = None
     poison: bool = False
+    #: ``filter="slices"``: the widest logits slice, keys (None: what the workspace leaves).
+    slice: int | None = None
     #: Called with the call's Workspace when it finishes (tests read its peak).
     report: Callable[[Workspace, dict[str, Any]], None] | None = None
 
@@ -409,16 +491,26 @@ class _Launch:
     #: Whose kernels score: "triton" (the filter kernel above, on any arch) or "gluon" (the sm_90
     #: Gluon logits kernel for the sample, its candidate epilogue for the filter).
     scorer: str = "triton"
+    #: How candidates are found: "epilogue" (the scorer's filter kernel, logits never stored) or
+    #: "slices" (the scorer's logits kernel over key slices that fit the workspace, each slice then
+    #: filtered by :func:`_slice_filter_kernel`).
+    filter: str = "epilogue"
+    #: The call's workspace budget (bytes): a logits slice takes what the workspace has left.
+    budget: int = 0
 
 
-def _launch_filter(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
-                   ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor, pos: torch.Tensor,
-                   val: torch.Tensor, cap: int) -> None:
-    """One filter launch over rows [0, len(ks)); ``pos``/``val`` rows of stride ``pos.stride(0)``."""
+def _launch_filter(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+                   w: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor,
+                   pos: torch.Tensor, val: torch.Tensor, cap: int, span: tuple[int, int]) -> None:
+    """The candidates of rows [0, len(ks)) (windows clamped to [0, N)) into ``pos``/``val`` (rows of
+    stride ``pos.stride(0)``), counted in ``cnt``; ``span``: the keys their windows cover, on the host."""
     m, n = ks.shape[0], k.shape[0]
-    if m == 0 or n == 0:
+    if m == 0 or n == 0 or span[0] >= span[1]:
         return
     assert pos.stride() == val.stride() and pos.stride(1) == 1
+    if lp.filter == "slices":
+        _launch_slices(lp, ws, q, k, k_scale, w, ks, ke, tau, cnt, pos, val, cap, span)
+        return
     if lp.scorer == "gluon":
         from .mqa_logits_gluon_sm90 import fp8_mqa_filter_gluon
 
@@ -438,14 +530,44 @@ def _launch_filter(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch
             splits, tiles_per_split, **lp.consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _sample_logits(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
-                   ks: torch.Tensor, ke: torch.Tensor) -> torch.Tensor:
-    """The logits over the sampled keys (``k[::s]``), by the scorer's logits kernel."""
+def _launch_slices(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+                   w: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor,
+                   pos: torch.Tensor, val: torch.Tensor, cap: int, span: tuple[int, int]) -> None:
+    """``filter="slices"``: the scorer's logits kernel over keys ``[c0, c0 + S)`` for each slice of
+    ``span`` (S: what the workspace has left, in steps of :data:`SLICE_ALIGN` keys), each slice
+    filtered before the next is scored. The values are the logits kernel's own, which the sample
+    and every rescoring read too, so a cell has one value whatever path its row takes."""
+    m = ks.shape[0]
+    n = k.shape[0]
+    room = lp.budget - ws.live
+    width = max(SLICE_ALIGN, room // (4 * m) // SLICE_ALIGN * SLICE_ALIGN)
+    if _TUNING.slice is not None:
+        width = min(width, _TUNING.slice)
+    first = span[0] // SLICE_ALIGN * SLICE_ALIGN
+    starts = list(range(first, span[1], width))
+    # every slice's windows in its own columns, made in one step (two small kernels, not two a slice)
+    c0s = torch.tensor(starts, dtype=torch.int32).to(q.device, non_blocking=True)
+    shifted = ws.adopt(torch.stack((ks[None, :] - c0s[:, None], ke[None, :] - c0s[:, None])))  # [2, slices, m]
+    kernel = slice_filter_kernel(lp.interpret)
+    for i, c0 in enumerate(starts):
+        c1 = min(c0 + width, n)
+        a, b = shifted[0, i], shifted[1, i]
+        x = ws.adopt(_logits(lp, q, k[c0:c1], k_scale[c0:c1], w, a, b, clean=False))
+        with _interpreting() if lp.interpret else _on_device(lp.index):
+            kernel[(m, -(-(c1 - c0) // SLICE_SEG))](
+                x, x.stride(0), a, b, tau, cnt, pos, val, pos.stride(0), cap, c0, c1 - c0,
+                SEG=SLICE_SEG, BLOCK=SLICE_BLOCK, num_warps=1)
+        del x
+
+
+def _logits(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
+            ks: torch.Tensor, ke: torch.Tensor, clean: bool = True) -> torch.Tensor:
+    """The logits over ``k`` (the sampled keys ``k[::s]``, or a slice), by the scorer's logits kernel."""
     if lp.scorer == "gluon":
         from .mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
 
-        return fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, True)
-    return fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, True, config=lp.cfg)
+        return fp8_mqa_logits_gluon(q, k, k_scale, w, ks, ke, clean)
+    return fp8_mqa_logits_triton(q, k, k_scale, w, ks, ke, clean, config=lp.cfg)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
@@ -470,7 +592,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: tor
 def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
                         ks: torch.Tensor, ke: torch.Tensor, topk: int, *, positions: str = "relative",
                         return_values: bool = False, workspace_bytes: int = 256 << 20,
-                        select: Select | None = None, scorer: str = "triton"
+                        select: Select | None = None, scorer: str = "triton", filter: str = "epilogue"
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The positions (int32 [M, topk]) of the ``topk`` largest logits in each row's window
     [max(ks, 0), min(ke, N)), ascending, -1 padded; with ``return_values`` also their fp32 values
@@ -484,6 +606,8 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     _check(q, k, k_scale, weights, ks, ke, topk, positions)
     if scorer not in ("triton", "gluon"):
         raise ValueError(f"fp8_mqa_topk_triton: scorer must be 'triton' or 'gluon'; got {scorer!r}")
+    if filter not in ("epilogue", "slices"):
+        raise ValueError(f"fp8_mqa_topk_triton: filter must be 'epilogue' or 'slices'; got {filter!r}")
     sel: Select = select or select_topk_torch
     tun = _TUNING
     interpret = bool(triton.knobs.runtime.interpret)
@@ -528,7 +652,8 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
-    lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index, scorer)
+    lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index, scorer, filter,
+                 budget)
 
     # Windows on the host (one sync): widths decide each row's path.
     ks_h = ks.to("cpu", torch.int64)
@@ -561,8 +686,10 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     for m0 in range(0, m, step):
         m1 = min(m, m0 + step)
         ctx["chunks"] += 1
-        rows = _Rows(ws.adopt(table[m0:m1].to(dev, non_blocking=True).t().contiguous()), sampled[m0:m1],
-                     scored[m0:m1])
+        part = scored[m0:m1]
+        span = (int(lo_h[m0:m1][part].min()), int(hi_h[m0:m1][part].max())) if bool(part.any()) else (0, 0)
+        rows = _Rows(ws.adopt(table[m0:m1].to(dev, non_blocking=True).t().contiguous()), sampled[m0:m1], part,
+                     span)
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
                None if vals is None else vals[m0:m1], counts[m0:m1])
         del rows
@@ -590,11 +717,13 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
 @dataclasses.dataclass(frozen=True)
 class _Rows:
     """A chunk's rows: on the device (int32 rows of ``table``: window start and end, the filter's
-    windows, the sample's windows, sampled, scored) and, for host-side decisions, the two masks."""
+    windows, the sample's windows, sampled, scored) and, for host-side decisions, the two masks and
+    the keys the filter's windows span."""
 
     table: torch.Tensor
     sampled: torch.Tensor
     scored: torch.Tensor
+    span: tuple[int, int]
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return self.table[i]
@@ -624,7 +753,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     tau = ws.empty(mc, dtype=torch.float32)
     tau.fill_(float("-inf"))
     if bool(sampled.any()):
-        sample = ws.adopt(_sample_logits(lp, q, k[::s], k_scale[::s], w, rows[4], rows[5]))
+        sample = ws.adopt(_logits(lp, q, k[::s], k_scale[::s], w, rows[4], rows[5]))
         nan = ws.adopt(torch.isnan(sample))
         sample.masked_fill_(nan, float("-inf"))
         del nan
@@ -639,7 +768,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     cnt.zero_()
     pos = ws.empty(mc, cap, dtype=torch.int32)
     val = ws.empty(mc, cap, dtype=torch.float32)
-    _launch_filter(lp, q, k, k_scale, w, rows[2], rows[3], tau, cnt, pos, val, cap)
+    _launch_filter(lp, ws, q, k, k_scale, w, rows[2], rows[3], tau, cnt, pos, val, cap, rows.span)
 
     # Which sampled rows the sample misjudged, on the device: their results here are not kept.
     sampled_d, scored_d = rows[6].bool(), rows[7].bool()
@@ -712,7 +841,8 @@ def _rescore(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.
             pw = phi - plo
             kks = ws.adopt(plo.to(device=dev, dtype=torch.int32))
             kke = ws.adopt(phi.to(device=dev, dtype=torch.int32))
-            _launch_filter(lp, qr, k, k_scale, wr, kks, kke, tau, cnt, mpos[:, topk:], mval[:, topk:], piece)
+            _launch_filter(lp, ws, qr, k, k_scale, wr, kks, kke, tau, cnt, mpos[:, topk:], mval[:, topk:], piece,
+                           (int(plo.min()), int(phi.max())))
             wlo = (topk - held).to(dev)
             whi = (topk + pw).to(dev)
             with ws.scratch(SELECT_BYTES_PER_CELL * nr * width):
@@ -774,6 +904,28 @@ def compile_filter_for(target: str, *, h: int = 64, d: int = 128, config: Triton
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in _AOT_ALIGNED}
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     compiled = triton.compile(src, target=tgt, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    asm = dict(compiled.asm)
+    asm["metadata"] = compiled.metadata
+    return asm
+
+
+def compile_slice_filter_for(target: str) -> dict[str, Any]:
+    """Build the slice filter kernel for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, as
+    the launcher calls it (a 16-byte-aligned logits slice of float32, one warp); returns the asm dict
+    plus ``"metadata"``."""
+    from triton.compiler import ASTSource
+
+    from .. import aot
+
+    fn = slice_filter_kernel(interpret=False)
+    types = {"x_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "tau_ptr": "*fp32", "cnt_ptr": "*i32",
+             "pos_ptr": "*i32", "val_ptr": "*fp32"}
+    consts = {"SEG": SLICE_SEG, "BLOCK": SLICE_BLOCK}
+    signature = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    aligned = ("x_ptr", "ks_ptr", "ke_ptr", "tau_ptr", "cnt_ptr", "pos_ptr", "val_ptr", "stride_xm", "stride_cm")
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    compiled = triton.compile(src, target=aot._target(target), options={"num_warps": 1})
     asm = dict(compiled.asm)
     asm["metadata"] = compiled.metadata
     return asm
