@@ -336,8 +336,10 @@ def test_batch_invariance(interpret):
     assert torch.equal(chunked[0], pos)
 
 
-def test_workspace_is_respected_on_a_run(interpret):
-    """A tight workspace: many chunks and rescoring in pieces, and the counted peak stays inside."""
+@pytest.mark.parametrize("filter", ["epilogue", "slices"])
+def test_workspace_is_respected_on_a_run(interpret, filter):
+    """A tight workspace: many chunks and rescoring in pieces, and the counted peak stays inside
+    (with ``filter="slices"``, the logits slices included: they take what is left)."""
     m, n, h, d, topk = 12, 300, 16, 64, 8
     inp = make_inputs(Problem(m, n, h, d), window="causal", seed=7)
     with tuning(config=SMALL):
@@ -347,7 +349,7 @@ def test_workspace_is_respected_on_a_run(interpret):
         budget = 3 * per_row
         paths = Paths()
         with tuning(config=SMALL, report=paths, **tun):
-            got = run(inp, topk, workspace_bytes=budget)[0]
+            got = run(inp, topk, workspace_bytes=budget, filter=filter)[0]
         assert torch.equal(got, want), tun
         assert paths.calls[0]["chunks"] >= 4
         # misjudged rows of every chunk are rescored together, after the last chunk

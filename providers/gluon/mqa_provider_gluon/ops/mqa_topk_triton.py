@@ -19,6 +19,12 @@ below everything. How it gets there, per chunk of query rows:
    (position, value), to row m's candidate buffer [C] through a per-row int32 atomic counter (a
    cumulative sum inside the tile gives each cell its slot). With tau = -inf a row is *dense*: every
    cell of its window goes to slot ``n - lo`` (no atomics, positions already in order), NaN included.
+   ``filter="slices"`` finds the same candidates another way: the scorer's *logits* kernel over key
+   slices ``[c0, c0 + S)`` (S: what the workspace has left, for the chunk's rows), and after each
+   slice the one-warp slice filter kernel appends that slice's cells as the epilogue would. The
+   logits make one round trip through HBM, but the logits kernel keeps its own speed (on sm_90 the
+   epilogue doubled it), and the selection still runs once a row, over candidates, not over the
+   window (the two-stage path's select reads every logit and runs per row chunk).
 4. Rows with topk <= count <= C: ``select`` over the candidates as they lie, then the winners'
    positions sorted. The slots hand ties at the k-th value to the smaller slot, not the smaller
    position: a row whose candidates hold more cells equal to its k-th value than were taken is
@@ -534,13 +540,15 @@ def _launch_slices(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor,
                    w: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor,
                    pos: torch.Tensor, val: torch.Tensor, cap: int, span: tuple[int, int]) -> None:
     """``filter="slices"``: the scorer's logits kernel over keys ``[c0, c0 + S)`` for each slice of
-    ``span`` (S: what the workspace has left, in steps of :data:`SLICE_ALIGN` keys), each slice
+    ``span`` (S: what the workspace has left, in steps of :data:`SLICE_ALIGN` keys, or of 16 where
+    less is left, so slices of k and k_scale start 16-byte aligned), each slice
     filtered before the next is scored. The values are the logits kernel's own, which the sample
     and every rescoring read too, so a cell has one value whatever path its row takes."""
     m = ks.shape[0]
     n = k.shape[0]
     room = lp.budget - ws.live
-    width = max(SLICE_ALIGN, room // (4 * m) // SLICE_ALIGN * SLICE_ALIGN)
+    width = room // (4 * m)
+    width = width // SLICE_ALIGN * SLICE_ALIGN if width >= SLICE_ALIGN else max(16, width // 16 * 16)
     if _TUNING.slice is not None:
         width = min(width, _TUNING.slice)
     first = span[0] // SLICE_ALIGN * SLICE_ALIGN
@@ -602,6 +610,8 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     fits ``workspace_bytes`` (module docstring, *Memory*). Syncs twice: the windows, then the counts.
     ``scorer="gluon"`` scores with the sm_90 Gluon kernels (``mqa_logits_gluon_sm90``: its logits
     for the sample, ``fp8_mqa_filter_gluon`` for the candidates), the rest unchanged.
+    ``filter="slices"`` takes the candidates from the scorer's logits kernel in key slices, each
+    filtered by :func:`_slice_filter_kernel` (module docstring, step 3), instead of its epilogue.
     """
     _check(q, k, k_scale, weights, ks, ke, topk, positions)
     if scorer not in ("triton", "gluon"):
