@@ -481,6 +481,35 @@ def test_aot_amd_fp8_mfma_no_spills(target, op_re):
     assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
 
 
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
+def test_aot_slice_filter_streams_without_barriers(target):
+    """The slice filter kernel (``filter="slices"``) builds for each target as the launcher calls it:
+    one warp, 16-byte loads in the loop over whole steps (the current one and the one ahead: 8 keys a
+    thread a step on sm_90, two loads each; 4 a lane on AMD's 64-lane waves), one
+    atomic per step (in each of the three step kinds), no spills. On sm_90 at most 80 registers, so
+    registers allow 25 one-warp programs an SM, 50 KiB of loads in flight; the scans and sums stay
+    in the warp (a barrier with one warp only orders its shared-memory broadcasts)."""
+    import re
+
+    from mqa_provider_gluon import aot
+
+    skip_unless_buildable(target)
+    asm = op.compile_slice_filter_for(target)
+    if target == "sm_90":
+        facts = aot.sass_facts(asm)
+        sass = aot.sass(asm)
+        print(f"slice filter sm_90: {facts}")
+        assert facts.spill_stores == 0 and facts.spill_loads == 0 and facts.registers <= 80, facts
+        assert sass.count("LDG.E.128") == 4 and sass.count("ATOMG.E.ADD") == 3, sass.count("ATOMG")  # 2 a step
+    else:
+        facts = aot.amd_facts(asm)
+        print(f"slice filter {target}: {facts}")
+        assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
+        gcn = asm["amdgcn"]
+        assert len(re.findall(r"(global|buffer)_load_dwordx4", gcn)) == 2 and "s_barrier" not in gcn
+        assert len(re.findall(r"global_atomic_add", gcn)) == 3
+
+
 # ---- real sizes on an NVIDIA GPU --------------------------------------------------------------------
 
 def cuda_inputs(m: int, n: int, h: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
