@@ -553,8 +553,9 @@ def _launch_slices(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor,
         width = min(width, _TUNING.slice)
     first = span[0] // SLICE_ALIGN * SLICE_ALIGN
     starts = list(range(first, span[1], width))
-    # every slice's windows in its own columns, made in one step (two small kernels, not two a slice)
-    c0s = torch.tensor(starts, dtype=torch.int32).to(q.device, non_blocking=True)
+    # every slice's windows in its own columns, made in one step (two small kernels, not two a slice);
+    # the starts made on the device: a copy from pageable host memory would sync the stream
+    c0s = torch.arange(first, first + len(starts) * width, width, dtype=torch.int32, device=q.device)
     shifted = ws.adopt(torch.stack((ks[None, :] - c0s[:, None], ke[None, :] - c0s[:, None])))  # [2, slices, m]
     kernel = slice_filter_kernel(lp.interpret)
     for i, c0 in enumerate(starts):
