@@ -267,35 +267,46 @@ def filter_constexprs(cfg: TritonConfig, h: int, d: int, tma: bool = False) -> d
 
 #: Columns of a logits slice per slice-filter program, and per step of its loop.
 SLICE_SEG = 4096
-SLICE_BLOCK = 256
+SLICE_BLOCK = 128
+#: The same on AMD's 64-lane waves: 4 keys a lane, one 16-byte load.
+SLICE_BLOCK_AMD = 256
+#: Whole steps whose loads are in flight while one is appended (1 or 2).
+SLICE_AHEAD = 2
 #: Slices start and grow in multiples of this many keys (k and k_scale slices stay 16-byte aligned).
 SLICE_ALIGN = 256
 
 
-def _slice_append(v, offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr, crow, cap, c0):
-    """Append the cells of one step (``ok``: in the window) that reach ``tau`` (see the kernel)."""
-    keep = ok & ((v >= tau) | dense)
+def _slice_append(v, offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr, crow, cap, c0, MASKED: tl.constexpr):
+    """Append the cells of one step, a [R, 4] tile (``ok``: in the window, where MASKED), that reach
+    ``tau``: a lane holds one row of 4 consecutive keys, so the prefix sum is 3 adds in the lane and
+    one warp scan over the row totals (see the kernel)."""
+    keep = (v >= tau) | dense
+    if MASKED:
+        keep = keep & ok
     ki = keep.to(tl.int32)
-    total = tl.sum(ki, 0)
+    rtot = tl.sum(ki, 1)
+    incl = tl.cumsum(rtot, 0)
+    total = tl.sum(rtot, 0)
     base = tl.atomic_add(cnt_ptr + m, total, mask=(total > 0) & (tau != float("-inf")), sem="relaxed")
-    slot = tl.where(dense, offs - a, base + tl.cumsum(ki, 0) - 1)
+    slot = tl.where(dense, offs - a, base + (incl - rtot)[:, None] + tl.cumsum(ki, 1) - 1)
     put = keep & (slot < cap)
     tl.store(pos_ptr + crow + slot, offs + c0, mask=put)
     tl.store(val_ptr + crow + slot, v, mask=put)
 
 
 def _slice_filter_kernel(x_ptr, stride_xm, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos_ptr, val_ptr, stride_cm, cap, c0,
-                         ncols, SEG: tl.constexpr, BLOCK: tl.constexpr):
+                         ncols, SEG: tl.constexpr, BLOCK: tl.constexpr, AHEAD: tl.constexpr):
     """Program (m, j) appends the cells of columns ``[j*SEG, (j+1)*SEG)`` of row m of ``x`` (the logits
     of keys ``[c0, c0 + ncols)``) that lie in the row's window ``[ks, ke)`` (slice columns, ``ks`` the
     window start less c0) and reach ``tau[m]``, as the filter kernel's epilogue does: to slot
     ``col - ks`` for a dense row (tau = -inf), else to the row's counter (one atomic a step).
 
-    One warp a program: the cumulative sum and the step's total are warp shuffles, so programs keep
-    their loads in flight instead of waiting on each other's barriers (the radix select's filter, 8
-    warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK columns; the steps
-    wholly inside the window load unmasked, 16 bytes a thread a load, and only a partial first and
-    last step are masked."""
+    One warp a program, a step of BLOCK keys a [BLOCK / 4, 4] tile: with BLOCK = 128 a lane holds
+    one row of 4 keys, so the step's scan and total are warp shuffles with no shared memory, and
+    programs keep their loads in flight instead of waiting on each other's barriers (the radix
+    select's filter, 8 warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK
+    columns; the steps wholly inside the window load unmasked, 16 bytes a lane, AHEAD steps ahead,
+    and only a partial first and last step are masked."""
     m = tl.program_id(0)
     j = tl.program_id(1)
     a = tl.load(ks_ptr + m)
@@ -306,26 +317,32 @@ def _slice_filter_kernel(x_ptr, stride_xm, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos
     end = tl.minimum(tl.minimum(b, ncols), (j + 1) * SEG)
     row = x_ptr + tl.cast(m, tl.int64) * stride_xm
     crow = tl.cast(m, tl.int64) * stride_cm
-    step = tl.arange(0, BLOCK)
+    step = tl.arange(0, BLOCK // 4)[:, None] * 4 + tl.arange(0, 4)[None, :]
     first = tl.cdiv(beg, BLOCK) * BLOCK  # the first whole step
     last = end // BLOCK * BLOCK  # where the whole steps end
     if beg < tl.minimum(first, end):  # a partial first step (or the window inside one step)
         offs = beg // BLOCK * BLOCK + step
         ok = (offs >= beg) & (offs < end)
         _slice_append(tl.load(row + offs, mask=ok, other=0.0), offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr,
-                      crow, cap, c0)
-    # each whole step's load is issued one step ahead (a uniform mask keeps it 16 bytes wide)
+                      crow, cap, c0, True)
+    # each whole step's load is issued AHEAD steps ahead (a uniform mask keeps it 16 bytes wide)
     v = tl.load(row + first + step, mask=first < last, other=0.0)
+    if AHEAD == 2:
+        v2 = tl.load(row + first + BLOCK + step, mask=first + BLOCK < last, other=0.0)
     for i in range(first, last, BLOCK):
         offs = tl.multiple_of(i, BLOCK) + step
-        ahead = tl.load(row + offs + BLOCK, mask=i + BLOCK < last, other=0.0)
-        _slice_append(v, offs, offs >= 0, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr, crow, cap, c0)
-        v = ahead
+        nxt = tl.load(row + offs + AHEAD * BLOCK, mask=i + AHEAD * BLOCK < last, other=0.0)
+        _slice_append(v, offs, None, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr, crow, cap, c0, False)
+        if AHEAD == 2:
+            v = v2
+            v2 = nxt
+        else:
+            v = nxt
     if (last >= first) & (last < end):  # a partial last step
         offs = last + step
         ok = offs < end
         _slice_append(tl.load(row + offs, mask=ok, other=0.0), offs, ok, tau, dense, a, m, cnt_ptr, pos_ptr, val_ptr,
-                      crow, cap, c0)
+                      crow, cap, c0, True)
 
 
 @functools.lru_cache(maxsize=2)
@@ -565,8 +582,13 @@ def _launch_slices(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor,
         with _interpreting() if lp.interpret else _on_device(lp.index):
             kernel[(m, -(-(c1 - c0) // SLICE_SEG))](
                 x, x.stride(0), a, b, tau, cnt, pos, val, pos.stride(0), cap, c0, c1 - c0,
-                SEG=SLICE_SEG, BLOCK=SLICE_BLOCK, num_warps=1)
+                SEG=SLICE_SEG, BLOCK=_slice_block(lp.arch), AHEAD=SLICE_AHEAD, num_warps=1)
         del x
+
+
+def _slice_block(arch: str) -> int:
+    """Keys a slice filter step takes: 4 a lane of the target's warp (the interpreter: as NVIDIA)."""
+    return SLICE_BLOCK_AMD if arch.startswith("gfx") else SLICE_BLOCK
 
 
 def _logits(lp: _Launch, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor,
@@ -931,7 +953,7 @@ def compile_slice_filter_for(target: str) -> dict[str, Any]:
     fn = slice_filter_kernel(interpret=False)
     types = {"x_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "tau_ptr": "*fp32", "cnt_ptr": "*i32",
              "pos_ptr": "*i32", "val_ptr": "*fp32"}
-    consts = {"SEG": SLICE_SEG, "BLOCK": SLICE_BLOCK}
+    consts = {"SEG": SLICE_SEG, "BLOCK": _slice_block(target), "AHEAD": SLICE_AHEAD}
     signature = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
     aligned = ("x_ptr", "ks_ptr", "ke_ptr", "tau_ptr", "cnt_ptr", "pos_ptr", "val_ptr", "stride_xm", "stride_cm")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
