@@ -266,7 +266,8 @@ def test_random_inputs_select_a_valid_top_k(interpret, seed):
 
 
 def test_w_at_most_topk_and_empty_rows(interpret):
-    """Windows narrower than topk: all of the window, -1 padding; without values nothing is scored."""
+    """Windows narrower than topk: all of the window, -1 padding; without values nothing is scored
+    (no chunk at all: one fill), with values every row is."""
     m, n, topk = 5, 40, 16
     inp = exact_inputs(m, n, 16, 64, seed=3)
     inp.ks.copy_(torch.tensor([3, -4, 10, 39, 20], dtype=torch.int32))
@@ -274,10 +275,12 @@ def test_w_at_most_topk_and_empty_rows(interpret):
     ref = fp8_mqa_logits_ref(inp.q, inp.k, inp.k_scale, inp.weights, inp.ks, inp.ke)
     for positions in ("relative", "absolute"):
         want, want_val = oracle(ref, inp.ks, inp.ke, topk, positions)
-        with tuning(config=SMALL, poison=True):
+        paths = Paths()
+        with tuning(config=SMALL, poison=True, report=paths):
             assert torch.equal(run(inp, topk, positions=positions)[0], want)
             pos, val = run(inp, topk, positions=positions, return_values=True)
         assert torch.equal(pos, want) and val is not None and torch.equal(val.double(), want_val)
+        assert [c["chunks"] for c in paths.calls] == [0, 1], paths.calls
 
 
 def test_nan_ranks_below_everything(interpret):
