@@ -153,8 +153,10 @@ def small_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(op, "SLICE_BLOCK", 16)
 
 
-@pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("case", [EXACT_CASES[0], EXACT_CASES[1]], ids=["ragged", "causal"])
+@pytest.mark.parametrize("case,path", [(EXACT_CASES[0], p) for p in ("default", "sampled", "undercount", "overflow")]
+                         + [(EXACT_CASES[1], p) for p in ("default", "pieces")],
+                         ids=["ragged-default", "ragged-sampled", "ragged-undercount", "ragged-overflow",
+                              "causal-default", "causal-pieces"])  # pieces: 17 rescoring pieces, the slow case
 def test_slices_equal_the_oracle(interpret, small_slices, path, case):
     """``filter="slices"``: the logits kernel over 40-key slices, each slice's candidates appended by
     the slice filter kernel; exact inputs must give the oracle's positions and values on every path
