@@ -726,6 +726,22 @@ def test_gpu_gluon_scorer_exact_inputs_tie_rule(filter):
     assert torch.equal(pos.cpu(), want)
 
 
+def test_auto_path_takes_slices_where_two_stage_chunks_are_thin():
+    """The gluon provider's default picks by the keys and the workspace, not the rows: at the default
+    256 MiB, 1M keys leave a two-stage chunk 31 rows (sliced), 128k keys 246 (two-stage); a smaller
+    workspace moves the border down, and the batch never moves it."""
+    from mqa_provider_gluon import kernels
+
+    mib = 1 << 20
+    assert kernels.GLUON_PREFILL_TOPK == "auto"
+    assert kernels.prefill_topk_path(1 << 20, 2048, 256 * mib) == "sliced"
+    assert kernels.prefill_topk_path(128 << 10, 2048, 256 * mib) == "two-stage"
+    assert kernels.prefill_topk_path(128 << 10, 2048, 32 * mib) == "sliced"
+    border = 128 * mib // 4 // kernels.SLICED_BELOW_ROWS - 2048  # keys at which a chunk holds exactly the border
+    assert kernels.prefill_topk_path(border, 2048, 256 * mib) == "two-stage"
+    assert kernels.prefill_topk_path(border + 1, 2048, 256 * mib) == "sliced"
+
+
 def test_aot_sm90_gluon_filter_epilogue():
     """The Gluon filter kernel builds for sm_90 with the logits kernel's wgmma (16 QGMMA, as the logits
     kernel) and one atomic per row and tile in each math warpgroup (banks of 2 rows: 4 in all)."""

@@ -65,9 +65,24 @@ def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor |
 
 #: The ``gluon`` provider's prefill top-k on sm_90: "fused" (the Gluon kernels score the fused
 #: indexer, no [M, N] matrix), "sliced" (the fused indexer's orchestration over Gluon logits in key
-#: slices, each filtered by a streaming kernel: ``filter="slices"``) or "two-stage" (Gluon logits in
-#: row chunks, then the Triton select over every logit).
-GLUON_PREFILL_TOPK = "two-stage"
+#: slices, each filtered by a streaming kernel: ``filter="slices"``), "two-stage" (Gluon logits in
+#: row chunks, then the Triton select over every logit) or "auto" (:func:`prefill_topk_path`).
+GLUON_PREFILL_TOPK = "auto"
+
+#: "auto" takes the sliced path where a two-stage row chunk would hold fewer rows than this. Such
+#: thin chunks keep the logits kernel and the select far from full (H100, 2026-12-07: at 1M keys, 31
+#: rows a chunk, sliced was 3-12% faster in two runs; at 128k, 246 rows, 22-25% slower).
+SLICED_BELOW_ROWS = 64
+
+
+def prefill_topk_path(n: int, topk: int, workspace_bytes: int) -> str:
+    """"sliced" or "two-stage" for a prefill call over ``n`` keys when :data:`GLUON_PREFILL_TOPK` is
+    "auto": by the rows the two-stage path's chunk holds at full-width windows (its logits take half
+    the workspace), so the choice depends on the keys and the workspace, never on the batch."""
+    from mqa_core.composed import split_workspace
+
+    cells, _ = split_workspace(workspace_bytes, topk, False)
+    return "sliced" if cells // (n + topk) < SLICED_BELOW_ROWS else "two-stage"
 
 
 @dataclass(frozen=True)
@@ -164,14 +179,17 @@ class MqaKernels:
         (``scorer="gluon"``: its logits for the sample, its candidate epilogue for the filter) when
         :data:`GLUON_PREFILL_TOPK` is ``"fused"`` (``"sliced"``: its logits kernel over key slices,
         filtered by a streaming kernel); ``"two-stage"`` is its logits in row chunks within the
-        workspace, then the Triton radix select. Elsewhere the portable Triton kernel scores."""
+        workspace, then the Triton radix select; ``"auto"`` picks one of the last two by the keys
+        (:func:`prefill_topk_path`). Elsewhere the portable Triton kernel scores."""
         k, k_scale = kv
-        scorer = "triton"
+        scorer, path = "triton", GLUON_PREFILL_TOPK
         if self.use_gluon and q.get_device() >= 0:
             from .ops.mqa_logits_gluon_sm90 import fp8_mqa_logits_gluon
 
             if prefill_launcher(True, q.get_device()) is fp8_mqa_logits_gluon:
-                if GLUON_PREFILL_TOPK == "two-stage":
+                if path == "auto":
+                    path = prefill_topk_path(k.shape[0], topk, workspace_bytes)
+                if path == "two-stage":
                     return self._two_stage_prefill(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, topk, positions,
                                                    return_values, workspace_bytes)
                 scorer = "gluon"
@@ -180,8 +198,7 @@ class MqaKernels:
         return fp8_mqa_topk_triton(q, k, k_scale.reshape(-1), weights, cu_seqlen_ks, cu_seqlen_ke, topk,
                                    positions=positions, return_values=return_values,
                                    workspace_bytes=workspace_bytes, select=self._select, scorer=scorer,
-                                   filter="slices" if scorer == "gluon" and GLUON_PREFILL_TOPK == "sliced"
-                                   else "epilogue")
+                                   filter="slices" if scorer == "gluon" and path == "sliced" else "epilogue")
 
     def _two_stage_prefill(self, q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
                            ks: torch.Tensor, ke: torch.Tensor, topk: int, positions: str, return_values: bool,
