@@ -10,11 +10,13 @@ Per shape, on the same inputs, every column is checked, then timed, with its pea
   best ``topk_per_row``, in row chunks within MQA_WORKSPACE_MB).
 - ``fused``: prefill: the ``triton`` provider's fused kernel, which never writes the [M, N] matrix;
   decode: the ``gluon`` provider's paged logits then the Triton radix select (no host sync).
-- ``gluon`` (prefill): the ``gluon`` provider's own top-k op, Gluon logits in row chunks then the
-  Triton radix select.
+- ``gluon`` (prefill): the ``gluon`` provider's own top-k op as shipped (``GLUON_PREFILL_TOPK =
+  "auto"``): the two-stage path (Gluon logits in row chunks, then the Triton radix select) where a
+  chunk holds at least ``SLICED_BELOW_ROWS`` rows, the sliced path (below) where it holds fewer.
+- ``two-stage gluon`` (prefill): the two-stage path forced, whatever the shape.
 - ``fused gluon`` (prefill): the fused orchestration scored by the Gluon kernels (``scorer="gluon"``:
-  the Gluon logits kernel for the sample, its candidate epilogue for the filter); the ``gluon``
-  provider's default once it is measured faster than ``gluon`` (``GLUON_PREFILL_TOPK``).
+  the Gluon logits kernel for the sample, its candidate epilogue for the filter); not used by the
+  provider (its epilogue doubles the logits kernel's time).
 - ``sliced gluon`` (prefill): the same orchestration with ``filter="slices"``: the Gluon logits
   kernel over key slices that fit the workspace, each slice's candidates appended by a one-warp
   streaming kernel; the selection runs once per row chunk over candidates, not over every logit.
@@ -187,6 +189,8 @@ def columns(s: Shape, x: tuple[Any, ...], dg: Any, fi: Any, smoke: bool) -> dict
             from mqa_provider_gluon.kernels import GLUON
             from mqa_provider_gluon.ops.mqa_topk_triton import fp8_mqa_topk_triton
 
+            cols["two-stage gluon"] = lambda: GLUON._two_stage_prefill(q, kv, w, ks, ke, s.topk, "absolute", False,
+                                                                       256 << 20)[0]
             cols["fused gluon"] = lambda: fp8_mqa_topk_triton(q, kv[0], kv[1], w, ks, ke, s.topk, positions="absolute",
                                                               select=GLUON._select, scorer="gluon")[0]
             cols["sliced gluon"] = lambda: fp8_mqa_topk_triton(q, kv[0], kv[1], w, ks, ke, s.topk,
@@ -318,7 +322,7 @@ def run_shape(s: Shape, kind: str, dg: Any, fi: Any, device: torch.device, reps:
     del logits
     if "composed" in picks and "fused" in picks:
         row["composed==fused"] = bool(torch.equal(picks["composed"], picks["fused"]))
-    for name in ("fused gluon", "sliced gluon"):
+    for name in ("two-stage gluon", "fused gluon", "sliced gluon"):
         if "gluon" in picks and name in picks:
             row[f"gluon=={name}"] = bool(torch.equal(picks["gluon"], picks[name]))
     base = row.get("DG+torch.topk ms")
@@ -351,7 +355,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 #: mqa-core's columns (the best of them is the row's ``best``).
-OURS = ("composed", "fused", "gluon", "fused gluon", "sliced gluon")
+OURS = ("composed", "fused", "gluon", "two-stage gluon", "fused gluon", "sliced gluon")
 VARIANTS = "default,ahead=1,filter_block=4096,separate=1,block=1024+num_warps=4,split_target=1024"
 
 
@@ -618,7 +622,7 @@ def main() -> None:
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
     ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one call a shape")
     ap.add_argument("--column", default="composed", help="with --profile: the column to profile (composed, "
-                    "fused, gluon, 'fused gluon', 'sliced gluon')")
+                    "fused, gluon, 'two-stage gluon', 'fused gluon', 'sliced gluon')")
     ap.add_argument("--workspace", default="", help="with --profile: comma-separated MQA_WORKSPACE_MB figures "
                     "to time the composed call at")
     ap.add_argument("--counts", action="store_true", help="the select's filter counts on the device against a "
