@@ -341,6 +341,7 @@ def test_batch_invariance(interpret):
     assert torch.equal(chunked[0], pos)
 
 
+@pytest.mark.orchestration
 @pytest.mark.parametrize("filter", ["epilogue", "slices"])
 def test_workspace_is_respected_on_a_run(interpret, filter):
     """A tight workspace: many chunks and rescoring in pieces, and the counted peak stays inside

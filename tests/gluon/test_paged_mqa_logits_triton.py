@@ -70,6 +70,7 @@ def test_interpreter_matches_reference(interpret, batch, next_n, h, d, ctx, bs, 
         check(out, inp.reference(), clean)
 
 
+@pytest.mark.orchestration
 @pytest.mark.parametrize("pipe", [0, 7])
 @pytest.mark.parametrize("programs", [1, 2, 5, 17])  # 17: more programs than tiles
 @pytest.mark.parametrize("clean", [True, False])
@@ -84,6 +85,7 @@ def test_balanced_schedule_covers_every_tile_once(interpret, programs, clean, pi
     check(out, inp.reference(), clean)
 
 
+@pytest.mark.orchestration
 @pytest.mark.parametrize("batch,next_n,h,empty,programs", [(131, 1, 16, 127, 5), (65, 2, 128, 63, 17)])
 def test_schedule_spans_several_scan_chunks(interpret, batch, next_n, h, empty, programs):
     """More (sequence, query-row group) pairs than one schedule step scans (``_SCHED`` = 128): the

@@ -150,6 +150,7 @@ def test_thresholds_of_every_sign(interpret, dtype, config):
     check(x, ks, ke, topk, config=config)
 
 
+@pytest.mark.orchestration
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_split_filter_gives_the_unsplit_result(interpret, dtype):
     """Few long rows (decode): each window is filtered in segments by their own programs, then
