@@ -417,6 +417,43 @@ def select_table(rows: list[dict[str, Any]], variants: list[str]) -> str:
     return "\n".join(lines)
 
 
+def syncs(call: Callable[[], Any]) -> None:
+    """Where one call makes the host wait for the GPU: torch's sync debug mode warns at every
+    synchronizing op; they are counted by the innermost line of the project that made them. Each is
+    a point where the GPU runs dry until the host enqueues again."""
+    import traceback
+    import warnings
+
+    sites: dict[str, int] = {}
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            hook = warnings.showwarning
+            stacks: list[str] = []
+
+            def note(*_: Any, **__: Any) -> None:
+                frames = [f for f in traceback.extract_stack()[:-1] if "/providers/" in f.filename
+                          or "/mqa_core/" in f.filename]
+                stacks.append(f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} {frames[-1].line}"
+                              if frames else "?")
+
+            warnings.showwarning = note
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            warnings.showwarning = hook
+    torch.cuda.synchronize()
+    for w in caught:
+        stacks.append(f"{os.path.basename(w.filename)}:{w.lineno}")
+    for where in stacks:
+        sites[where] = sites.get(where, 0) + 1
+    print(f"  syncs: {sum(sites.values())}")
+    for where, k in sorted(sites.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"    {k:4d}x {where[:150]}")
+
+
 def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, workspaces: list[float],
             column: str = "composed") -> None:
     """One call of ``column`` (default ``composed``) under torch.profiler: its wall time against the
@@ -453,9 +490,10 @@ def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, works
     host.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(12)
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(14)
     print("  host, by own time:\n" + "\n".join("    " + ln for ln in text.getvalue().splitlines()
-                                                if ln.strip() and "/" in ln or "ncalls" in ln))
+                                                if ln.strip() and ("/" in ln or "{" in ln) or "ncalls" in ln))
+    syncs(call)
     from mqa_core.composed import KERNELS, composed_spec
     from mqa_core.provider import Provider
 
