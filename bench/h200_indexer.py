@@ -494,6 +494,14 @@ def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, works
     print("  host, by own time:\n" + "\n".join("    " + ln for ln in text.getvalue().splitlines()
                                                 if ln.strip() and ("/" in ln or "{" in ln) or "ncalls" in ln))
     syncs(call)
+    from mqa_provider_gluon.ops import mqa_topk_triton as mt
+
+    seen: list[dict[str, Any]] = []
+    with mt.tuning(report=lambda ws, ctx: seen.append({**ctx, "peak MiB": round(ws.peak / 2**20, 1)})):
+        call()
+    torch.cuda.synchronize()
+    for ctx in seen:  # the fused paths' own counts: rows the sample misjudged cost a rescoring pass
+        print("  path: " + ", ".join(f"{k}={v}" for k, v in ctx.items() if k != "plan") + f"; plan {ctx.get('plan')}")
     from mqa_core.composed import KERNELS, composed_spec
     from mqa_core.provider import Provider
 
