@@ -417,6 +417,30 @@ def select_table(rows: list[dict[str, Any]], variants: list[str]) -> str:
     return "\n".join(lines)
 
 
+def gaps(call: Callable[[], Any]) -> None:
+    """Where the GPU sat idle inside one call, traced with kernel activity only (no CPU op
+    tracing, which slows the host and makes any call look host-bound): idle time between
+    consecutive kernels, summed, and the longest gaps with the kernels around them."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) * 1e3
+    ks = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                key=lambda e: e.time_range.start)
+    if not ks:
+        print("  gaps: no kernels traced")
+        return
+    holes = [(ks[i].time_range.start - ks[i - 1].time_range.end, ks[i - 1].name[:40], ks[i].name[:40], i)
+             for i in range(1, len(ks))]
+    idle = sum(max(0, h[0]) for h in holes) / 1e3
+    span = (ks[-1].time_range.end - ks[0].time_range.start) / 1e3
+    print(f"  gaps (kernel tracing only): wall {wall:.2f} ms, first kernel to last {span:.2f} ms, idle between "
+          f"kernels {idle:.2f} ms over {len(ks)} kernels")
+    for h in sorted(holes, reverse=True)[:8]:
+        print(f"    {h[0] / 1e3:7.3f} ms before kernel {h[3]:4d}: {h[1]} -> {h[2]}")
+
+
 def syncs(call: Callable[[], Any]) -> None:
     """Where one call makes the host wait for the GPU: torch's sync debug mode warns at every
     synchronizing op; they are counted by the innermost line of the project that made them. Each is
@@ -480,6 +504,7 @@ def profile(s: Shape, dg: Any, fi: Any, device: torch.device, smoke: bool, works
         by.setdefault(e.name[:60], []).append(e.time_range.elapsed_us() / 1e3)
     for name, ts in sorted(by.items(), key=lambda kv: -sum(kv[1]))[:10]:
         print(f"  {sum(ts):8.3f} ms {len(ts):4d}x  median {statistics.median(ts):.3f}  {name}")
+    gaps(call)
     import cProfile
     import io
     import pstats
