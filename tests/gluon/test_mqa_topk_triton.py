@@ -503,7 +503,7 @@ def test_aot_slice_filter_streams_without_barriers(target):
     from mqa_provider_gluon import aot
 
     skip_unless_buildable(target)
-    asm = op.compile_slice_filter_for(target)
+    asm = op.compile_small_kernel_for(target, "slices")
     if target == "sm_90":
         facts = aot.sass_facts(asm)
         sass = aot.sass(asm)
@@ -524,6 +524,24 @@ def test_aot_slice_filter_streams_without_barriers(target):
         gcn = asm["amdgcn"]
         assert len(re.findall(r"(global|buffer)_load_dwordx4", gcn)) == 3 and "s_barrier" not in gcn
         assert len(re.findall(r"global_atomic_add", gcn)) == 3
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
+def test_aot_ties_kernel_builds_without_spills(target):
+    """The ties kernel (step 4's tie rule on the device) builds for each target as the launcher
+    calls it, with no spills: a tied row's bisection keeps its loop state in registers."""
+    from mqa_provider_gluon import aot
+
+    skip_unless_buildable(target)
+    asm = op.compile_small_kernel_for(target, "ties")
+    if target == "sm_90":
+        facts = aot.sass_facts(asm)
+        assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
+        assert "ATOM" not in aot.sass(asm)  # a row is one program's: no atomics
+    else:
+        facts = aot.amd_facts(asm)
+        assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
+    print(f"ties kernel {target}: {facts}")
 
 
 # ---- real sizes on an NVIDIA GPU --------------------------------------------------------------------
@@ -619,8 +637,8 @@ def test_gluon_scorer_orchestration_takes_candidates_in_any_order(interpret, mon
 def test_ties_at_the_kth_value_go_to_the_smaller_positions(interpret, monkeypatch, small_slices, scorer):
     """Logits in five levels (k_scale = 1 + n % 5), so a row's k-th value is shared by many more
     candidates than are taken. The selection over the candidates breaks those ties by slot, and the
-    Gluon filter's slots come in any order (faked here, shuffled): such rows must be rescored, and
-    the result is the smallest positions of the top level, in both position modes."""
+    Gluon filter's slots come in any order (faked here, shuffled): the ties kernel must swap the taken
+    ties for the smallest positions on the device (no row rescored), in both position modes."""
     if scorer == "gluon":
         from mqa_provider_gluon.ops import mqa_logits_gluon_sm90 as g
 
@@ -645,6 +663,41 @@ def test_ties_at_the_kth_value_go_to_the_smaller_positions(interpret, monkeypatc
         assert torch.equal(pos, want_pos), (positions, pos, want_pos)
         assert val is not None and torch.equal(val.double(), want_val)
         assert paths.total("tie_rows") == m and paths.fallback == 0, paths.calls
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ties_kernel_takes_the_smallest_positions_among_ties(seed):
+    """The ties kernel alone, against python sorting: candidates in shuffled slots with values in a
+    few levels (every row tied at its k-th value, many times over), more winners than one step of
+    the kernel (so the compaction carries across steps), rows not flagged left alone, and the
+    winners as the selection over the slots left them (ties by slot) as its input."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cap, topk, n = 5, 3000, op.TIES_BLOCK + 300, 50_000
+    pos = torch.stack([torch.randperm(n, generator=gen)[:cap] for _ in range(rows)]).int()
+    val = torch.randint(0, 4, (rows, cap), generator=gen).float() * 0.5 - 1.0
+    val[1] = torch.where(val[1] == -1.0, -0.0, 0.0)  # two levels only, -0.0 == +0.0: one tie class
+    nvalid = torch.tensor([cap, cap - 7, topk, cap - 1000, cap], dtype=torch.int32)
+    flag = torch.tensor([1, 1, 1, 1, 0], dtype=torch.int32)
+    idx = torch.empty(rows, topk, dtype=torch.int32)
+    v = torch.empty(rows, topk)
+    select_topk_torch(val, torch.zeros_like(nvalid), nvalid, topk, out=idx, values=v)
+    got = pos.gather(1, idx.long())
+    before, fixed = got.clone(), torch.full((rows,), -7, dtype=torch.int32)
+    with op._interpreting():
+        op.ties_kernel(True)[(rows,)](pos, val, nvalid, flag, got, v, fixed, pos.stride(0), v.stride(0), topk, n,
+                                      CBLOCK=op.TIES_BLOCK, TBLOCK=op.TIES_BLOCK)
+    for i in range(rows):
+        cells = sorted(((float(val[i, j]), int(pos[i, j])) for j in range(int(nvalid[i]))), key=lambda c: (-c[0], c[1]))
+        want = sorted(c[1] for c in cells[:topk])
+        if flag[i] == 0:
+            assert torch.equal(got[i], before[i]) and fixed[i] == 0
+            continue
+        assert sorted(got[i].tolist()) == want, i
+        kept = dict(zip(pos[i].tolist(), val[i].tolist()))
+        assert all(kept[p] == x for p, x in zip(got[i].tolist(), v[i].tolist())), i  # values travel with positions
+        tied = sum(c[0] == cells[topk - 1][0] for c in cells) > sum(c[0] == cells[topk - 1][0] for c in cells[:topk])
+        assert fixed[i] == int(tied), i
+    assert fixed[:4].sum() >= 3  # the case is the tied one: the test would pass vacuously otherwise
 
 
 def test_scorer_is_checked():

@@ -27,9 +27,11 @@ below everything. How it gets there, per chunk of query rows:
    window (the two-stage path's select reads every logit and runs per row chunk).
 4. Rows with topk <= count <= C: ``select`` over the candidates as they lie, then the winners'
    positions sorted. The slots hand ties at the k-th value to the smaller slot, not the smaller
-   position: a row whose candidates hold more cells equal to its k-th value than were taken is
-   rescored (step 5) instead. Sorting ``topk`` winners instead of C candidates keeps the sort in
-   torch's one-block sort (rows up to 4096) and drops the gather of C values.
+   position: in a row whose candidates hold more cells equal to its k-th value than were taken, the
+   ties kernel (one program a row, which returns at once unless the row is tied) swaps the taken
+   ones for the smallest positions among them (every such cell is a candidate). Sorting ``topk``
+   winners instead of C candidates keeps the sort in torch's one-block sort (rows up to 4096) and
+   drops the gather of C values.
 5. Rows the sample misjudged (count < topk or count > C): rescored by the same kernel, dense, in key
    pieces of width P: each piece's values are selected together with the best ``topk`` so far (kept
    before the piece, so index order is position order). One host sync, after every chunk is
@@ -46,10 +48,10 @@ and the launch config: the config comes from (arch, H) alone (``default_config``
 the windows; the dot computes each output cell from its own row and column, and the head sum and the
 scale run in the same order whichever rows share a block or which program (key split) computes the
 tile. The grid (splits) depends on M, but only decides who computes a tile. Candidate append order
-varies between runs, but the selected set is every candidate above the k-th value plus every one
-equal to it (or the row is rescored), and it is sorted by position, so the result is a function of
-the row's own values: the same bits alone, in any batch, in any chunk,
-with any sample stride or path (row chunking and the stride depend on the batch; the result does not).
+varies between runs, but the selected set is every candidate above the k-th value plus the
+smallest positions among those equal to it (the ties kernel sees to that), and it is sorted by
+position, so the result is a function of the row's own values: the same bits alone, in any batch,
+in any chunk, with any sample stride or path (row chunking and the stride depend on the batch; the result does not).
 
 Memory (the accounting ``plan`` does and the tests check). Beyond the inputs and the outputs
 (int32 [M, topk] positions, fp32 [M, topk] values), every temporary is allocated through one
@@ -60,8 +62,8 @@ fast-path chunk of Mc rows, with Ns = ceil(N / s) (rounded to 16) and C the capa
 
 - sample stage: 4*Ns (sample logits) + Ns (NaN mask) + sort scratch of torch.topk + 12*r;
 - candidate stage: 8*C (position, value) + 8*topk (the winners' slots and values) + the most of
-  SELECT_BYTES_PER_CELL*C (while ``select`` runs), 3*C (the tie check) and the winners' position
-  sort (12*topk, scratch, and the sorted copy);
+  SELECT_BYTES_PER_CELL*C (while ``select`` runs) and the winners' position sort (12*topk,
+  scratch, and the sorted copy);
 - small per-row state (windows, tau, counters, row lists): 64 bytes.
 
 The larger stage times Mc stays below the budget; Mc = budget // per-row bytes. A misjudged row is
@@ -133,9 +135,8 @@ SELECT_BYTES_PER_CELL = 24
 #: allocations, 12 of them returned (``h200_indexer.py --memory triton``); with 1.0 the kit's 16 MiB
 #: case peaked at 19.1 MiB.
 SORT_SCRATCH = 3.0
-#: The candidate count that marks a sampled row whose taken ties at the k-th value may not be the
-#: smallest positions (step 4): it is rescored like a misjudged row.
-TIE = -1
+#: Cells a step of :func:`_ties_kernel` takes, of the winners and of the candidates.
+TIES_BLOCK = 1024
 #: Per-row bookkeeping: windows, tau, counters, row lists, kernel windows (a generous bound).
 _ROW_BYTES = 64
 #: The share of ``workspace_bytes`` the plan leaves unplanned, for what the byte counts above miss
@@ -358,6 +359,98 @@ def slice_filter_kernel(interpret: bool | None = None) -> Any:
         return triton.jit(_rebound(_slice_filter_kernel, glb), do_not_specialize=["cap", "c0", "ncols"])
 
 
+# ---- ties at the k-th value: the smaller positions, on the device ----------------------------------
+
+def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_ptr, stride_cm, stride_tm, topk,
+                 n, CBLOCK: tl.constexpr, TBLOCK: tl.constexpr):
+    """Step 4's tie rule for row m of a chunk, where ``flag[m]`` is set (a sampled row that kept its
+    candidates: ``nvalid[m]`` >= topk of them, all cells >= its tau). The selection took its winners
+    (``got``: positions, ``v``: values, ``topk`` of each) by slot, and the atomics made slot order
+    arbitrary, so where the candidates hold more cells equal to the k-th value (kth, the least
+    winner) than were taken, the taken ones need not be the smallest positions. Such a row is
+    rewritten here, on the device, and ``fixed[m]`` says so (1, else 0): every winner above kth, then
+    the ``need`` smallest positions among the candidates equal to kth (need: the winners equal to
+    it). Every cell equal to kth is a candidate (kth >= tau), and positions are unique in a row, so
+    the need-th smallest such position x is where the count of equal candidates at positions <= x
+    first reaches need: a bisection over [0, n), one pass over the candidates a step, which a
+    row pays only when it is tied. The caller sorts the winners by position after."""
+    m = tl.program_id(0)
+    fixed = tl.full([], 0, tl.int32)
+    if tl.load(flag_ptr + m) != 0:
+        nv = tl.load(nvalid_ptr + m)
+        crow = tl.cast(m, tl.int64) * stride_cm
+        trow = tl.cast(m, tl.int64) * stride_tm
+        tcols = tl.arange(0, TBLOCK)
+        ccols = tl.arange(0, CBLOCK)
+        kth = tl.full([], float("inf"), tl.float32)
+        need = tl.full([], 0, tl.int32)
+        for c0 in range(0, topk, TBLOCK):  # the least winner and how many winners equal it
+            c = c0 + tcols
+            v = tl.load(v_ptr + trow + c, mask=c < topk, other=float("inf"))
+            least = tl.min(v, 0)
+            times = tl.sum((v == least).to(tl.int32), 0)
+            need = tl.where(least < kth, times, tl.where(least == kth, need + times, need))
+            kth = tl.minimum(kth, least)
+        equal = tl.full([], 0, tl.int32)
+        for j0 in range(0, nv, CBLOCK):
+            j = j0 + ccols
+            x = tl.load(val_ptr + crow + j, mask=j < nv, other=float("inf"))
+            equal += tl.sum((x == kth).to(tl.int32), 0)
+        if equal > need:
+            fixed = tl.full([], 1, tl.int32)
+            above = tl.full([], 0, tl.int32)
+            for c0 in range(0, topk, TBLOCK):  # the winners above kth, moved to the front (never rightwards)
+                c = c0 + tcols
+                inside = c < topk
+                v = tl.load(v_ptr + trow + c, mask=inside, other=0.0)
+                g = tl.load(got_ptr + trow + c, mask=inside, other=0)
+                keep = inside & (v > kth)
+                ki = keep.to(tl.int32)
+                dst = above + tl.cumsum(ki, 0) - 1
+                tl.debug_barrier()  # every load of the step before any store over it
+                tl.store(got_ptr + trow + dst, g, mask=keep)
+                tl.store(v_ptr + trow + dst, v, mask=keep)
+                above += tl.sum(ki, 0)
+            need = topk - above
+            lo = tl.full([], 0, tl.int32)
+            hi = tl.full([], 0, tl.int32) + n - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                cnt = tl.full([], 0, tl.int32)
+                for j0 in range(0, nv, CBLOCK):
+                    j = j0 + ccols
+                    ok = j < nv
+                    x = tl.load(val_ptr + crow + j, mask=ok, other=float("inf"))
+                    p = tl.load(pos_ptr + crow + j, mask=ok, other=0)
+                    cnt += tl.sum(((x == kth) & (p <= mid)).to(tl.int32), 0)
+                reached = cnt >= need
+                hi = tl.where(reached, mid, hi)
+                lo = tl.where(reached, lo, mid + 1)
+            put = above
+            for j0 in range(0, nv, CBLOCK):  # the equal candidates at positions <= lo: exactly need of them
+                j = j0 + ccols
+                ok = j < nv
+                x = tl.load(val_ptr + crow + j, mask=ok, other=float("inf"))
+                p = tl.load(pos_ptr + crow + j, mask=ok, other=0)
+                take = (x == kth) & (p <= lo)
+                ti = take.to(tl.int32)
+                dst = put + tl.cumsum(ti, 0) - 1
+                tl.store(got_ptr + trow + dst, p, mask=take)
+                tl.store(v_ptr + trow + dst, x, mask=take)
+                put += tl.sum(ti, 0)
+    tl.store(fixed_ptr + m, fixed)
+
+
+@functools.lru_cache(maxsize=2)
+def ties_kernel(interpret: bool | None = None) -> Any:
+    """The jitted :func:`_ties_kernel` for ``interpret`` (default: what TRITON_INTERPRET says now)."""
+    if interpret is None:
+        return ties_kernel(bool(triton.knobs.runtime.interpret))
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = interpret
+        return triton.jit(_ties_kernel, do_not_specialize=["topk", "n"])
+
+
 # ---- workspace: every temporary through one allocator -------------------------------------------
 
 class Workspace:
@@ -474,8 +567,8 @@ def plan(m: int, n: int, h: int, d: int, topk: int, w_max: int, workspace_bytes:
     ns = _round16(-(-n // s)) if s else 0
     sample_row = (4 * ns + ns + _sort_bytes(r, 4) + 4 * r + _sort_bytes(ns, 4) // 8) if s else 0
     # Candidate stage, the larger of its moments: pos + val + the select (with its outputs), then
-    # pos + val + the tie check's masks, then the winners' position sort (outputs and scratch).
-    cand_row = 8 * cap + 8 * topk + max(SELECT_BYTES_PER_CELL * cap, 3 * cap, 8 * topk + _sort_bytes(topk, 4))
+    # the winners' position sort (outputs and scratch).
+    cand_row = 8 * cap + 8 * topk + max(SELECT_BYTES_PER_CELL * cap, 8 * topk + _sort_bytes(topk, 4))
     per_row = max(sample_row, cand_row) + _ROW_BYTES
     return {"stride": s, "rank": r, "capacity": cap, "sample_cols": ns, "sample_row_bytes": sample_row,
             "candidate_row_bytes": cand_row, "row_bytes": per_row,
@@ -681,7 +774,9 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         weights = ws.adopt(weights.float().contiguous())
     # every row's candidate count, kept across chunks: the misjudged rows are found with one sync
     # after the last chunk is enqueued, not one per chunk (the GPU would wait on the host each time)
-    counts = ws.empty(m, dtype=torch.int32)
+    # (and, in row 1, which rows had their ties at the k-th value resolved on the device)
+    counts = ws.empty(2, m, dtype=torch.int32)
+    counts[1].zero_()
     budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
@@ -731,17 +826,16 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         rows = _Rows(ws.adopt(table[m0:m1].to(dev, non_blocking=True).t().contiguous()), sampled[m0:m1], part,
                      span)
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
-               None if vals is None else vals[m0:m1], counts[m0:m1])
+               None if vals is None else vals[m0:m1], counts[:, m0:m1])
         del rows
 
     # The one sync after the windows': the counts say which rows the sample misjudged.
-    count = counts.cpu().to(torch.int64)
+    count, fixed = counts.cpu().to(torch.int64)
     del table
-    tied = sampled & (count == TIE)
-    bad = sampled & ((count < topk) | (count > cap))  # tied rows included
-    ctx["fallback_rows"] = int((bad & ~tied).sum())
-    ctx["tie_rows"] = int(tied.sum())
-    ctx["undercount_rows"] = int((sampled & ~tied & (count < topk)).sum())
+    bad = sampled & ((count < topk) | (count > cap))
+    ctx["fallback_rows"] = int(bad.sum())
+    ctx["tie_rows"] = int((sampled & (fixed == 1)).sum())
+    ctx["undercount_rows"] = int((sampled & (count < topk)).sum())
     ctx["overflow_rows"] = int((sampled & (count > cap)).sum())
     ctx["sampled_rows"] = int(sampled.sum())
     ctx["dense_rows"] = int((~small & ~sampled).sum())
@@ -773,10 +867,9 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
            w: torch.Tensor, rows: _Rows, topk: int, s: int, r: int, cap: int, positions: str, out: torch.Tensor,
            vals: torch.Tensor | None, counts: torch.Tensor) -> None:
     """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
-    candidate count goes to ``counts`` (:data:`TIE` for a row tied at its k-th value); a misjudged or
-    tied row's result here is not kept, and the caller rescores it (step 5) once every chunk is
-    enqueued."""
-    dev = q.device
+    candidate count goes to ``counts[0]``, and ``counts[1]`` marks the rows whose ties at the k-th
+    value :func:`_ties_kernel` resolved; a misjudged row's result here is not kept, and the caller
+    rescores it (step 5) once every chunk is enqueued."""
     mc = q.shape[0]
     n = k.shape[0]
     sampled, scored = rows.sampled, rows.scored
@@ -812,7 +905,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
 
     # Which sampled rows the sample misjudged, on the device: their results here are not kept.
     sampled_d, scored_d = rows[6].bool(), rows[7].bool()
-    counts.copy_(torch.where(sampled_d, cnt, 0))
+    counts[0].copy_(torch.where(sampled_d, cnt, 0))
     bad_d = sampled_d & ((cnt < topk) | (cnt > cap))
     nvalid = torch.where(sampled_d, torch.where(bad_d, 0, cnt.clamp(max=cap)),
                          torch.where(scored_d, hi_d - lo_d, 0))
@@ -821,25 +914,21 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     # 4. Exact selection over the candidates as they lie (in slot order, which the atomics made
     #    arbitrary for sampled rows), then only the winners sorted by position. The slot order breaks
     #    ties at the k-th value, so a sampled row whose candidates hold more cells equal to it than
-    #    were taken is marked for rescoring (counts = TIE): its taken ties may not be the smallest
-    #    positions. Dense rows' slots are their positions already.
+    #    were taken gets the smallest positions among them from :func:`_ties_kernel`. Dense rows'
+    #    slots are their positions already.
     idx = ws.empty(mc, topk, dtype=torch.int32)
     v = ws.empty(mc, topk, dtype=torch.float32)
     with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
         sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
-    if bool(sampled.any()):
-        kth = v.amin(dim=1, keepdim=True)  # sampled rows: topk values taken, no padding, no NaN
-        with ws.scratch(3 * mc * cap):
-            ties = ((val == kth) & (torch.arange(cap, device=dev)[None, :] < nvalid[:, None])).sum(dim=1)
-        tied = sampled_d & ~bad_d & (ties > (v == kth).sum(dim=1))
-        counts.masked_fill_(tied, TIE)
-        bad_d |= tied
-        del kth, ties, tied
-    del val
     got = pos.gather(1, idx.clamp(min=0).long())
-    del pos
     got.masked_fill_(idx < 0, 2**31 - 1)  # the padding sorts last
     del idx
+    if bool(sampled.any()):
+        with _interpreting() if lp.interpret else _on_device(lp.index):
+            ties_kernel(lp.interpret)[(mc,)](pos, val, nvalid, (sampled_d & ~bad_d).int(), got, v, counts[1],
+                                             pos.stride(0), v.stride(0), topk, n, CBLOCK=TIES_BLOCK,
+                                             TBLOCK=TIES_BLOCK, num_warps=4)
+    del pos, val
     with ws.scratch(_sort_bytes(mc * topk, 4)):
         got, order = torch.sort(got, dim=1)
     got = torch.where(got != 2**31 - 1, got - (lo_d[:, None] if positions == "relative" else 0), -1).int()
@@ -949,23 +1038,29 @@ def compile_filter_for(target: str, *, h: int = 64, d: int = 128, config: Triton
     return asm
 
 
-def compile_slice_filter_for(target: str) -> dict[str, Any]:
-    """Build the slice filter kernel for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, as
-    the launcher calls it (a 16-byte-aligned logits slice of float32, one warp); returns the asm dict
-    plus ``"metadata"``."""
+def compile_small_kernel_for(target: str, kernel: str = "slices") -> dict[str, Any]:
+    """Build one of the small kernels for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, as
+    the launcher calls it: ``"slices"``, the slice filter (a 16-byte-aligned logits slice of float32,
+    one warp), or ``"ties"``, the ties kernel (four warps); returns the asm dict plus ``"metadata"``."""
     from triton.compiler import ASTSource
 
     from .. import aot
 
-    fn = slice_filter_kernel(interpret=False)
-    types = {"x_ptr": "*fp32", "ks_ptr": "*i32", "ke_ptr": "*i32", "tau_ptr": "*fp32", "cnt_ptr": "*i32",
-             "pos_ptr": "*i32", "val_ptr": "*fp32"}
-    consts = {"SEG": SLICE_SEG, "BLOCK": _slice_block(target), "AHEAD": SLICE_AHEAD}
-    signature = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
-    aligned = ("x_ptr", "ks_ptr", "ke_ptr", "tau_ptr", "cnt_ptr", "pos_ptr", "val_ptr", "stride_xm", "stride_cm")
+    if kernel == "slices":
+        fn = slice_filter_kernel(interpret=False)
+        consts: dict[str, Any] = {"SEG": SLICE_SEG, "BLOCK": _slice_block(target), "AHEAD": SLICE_AHEAD}
+        floats, warps = ("x_ptr", "tau_ptr", "val_ptr"), 1
+    elif kernel == "ties":
+        fn = ties_kernel(interpret=False)
+        consts, floats, warps = {"CBLOCK": TIES_BLOCK, "TBLOCK": TIES_BLOCK}, ("val_ptr", "v_ptr"), 4
+    else:
+        raise ValueError(f"compile_small_kernel_for: kernel must be 'slices' or 'ties'; got {kernel!r}")
+    signature = {a: "constexpr" if a in consts else "*fp32" if a in floats else "*i32" if a.endswith("_ptr")
+                 else "i32" for a in fn.arg_names}
+    aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
-    compiled = triton.compile(src, target=aot._target(target), options={"num_warps": 1})
+    compiled = triton.compile(src, target=aot._target(target), options={"num_warps": warps})
     asm = dict(compiled.asm)
     asm["metadata"] = compiled.metadata
     return asm
