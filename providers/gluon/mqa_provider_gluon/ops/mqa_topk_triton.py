@@ -876,11 +876,12 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     lo_d, hi_d = rows[0], rows[1]
 
     # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
-    #    here; the others are overwritten below.
-    with ws.scratch(mc * topk + 16 * mc):
-        whole_windows(out, lo_d, hi_d, n, positions)
-    if not bool(scored.any()):
-        return
+    #    here where some row is not scored; the scored ones are overwritten below (or rescored).
+    if not bool(scored.all()):
+        with ws.scratch(mc * topk + 16 * mc):
+            whole_windows(out, lo_d, hi_d, n, positions)
+        if not bool(scored.any()):
+            return
 
     # 2. Thresholds: -inf (dense) unless sampled.
     tau = ws.empty(mc, dtype=torch.float32)
