@@ -676,6 +676,7 @@ def test_ties_kernel_takes_the_smallest_positions_among_ties(seed):
     pos = torch.stack([torch.randperm(n, generator=gen)[:cap] for _ in range(rows)]).int()
     val = torch.randint(0, 4, (rows, cap), generator=gen).float() * 0.5 - 1.0
     val[1] = torch.where(val[1] == -1.0, -0.0, 0.0)  # two levels only, -0.0 == +0.0: one tie class
+    val[3] = torch.where(val[3] >= -0.5, float("inf"), 1.0)  # the k-th value +inf: padding (+inf) must not count
     nvalid = torch.tensor([cap, cap - 7, topk, cap - 1000, cap], dtype=torch.int32)
     flag = torch.tensor([1, 1, 1, 1, 0], dtype=torch.int32)
     idx = torch.empty(rows, topk, dtype=torch.int32)

@@ -386,16 +386,17 @@ def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_p
         need = tl.full([], 0, tl.int32)
         for c0 in range(0, topk, TBLOCK):  # the least winner and how many winners equal it
             c = c0 + tcols
-            v = tl.load(v_ptr + trow + c, mask=c < topk, other=float("inf"))
+            inside = c < topk
+            v = tl.load(v_ptr + trow + c, mask=inside, other=float("inf"))
             least = tl.min(v, 0)
-            times = tl.sum((v == least).to(tl.int32), 0)
+            times = tl.sum(((v == least) & inside).to(tl.int32), 0)  # masks kept: a value may be +inf
             need = tl.where(least < kth, times, tl.where(least == kth, need + times, need))
             kth = tl.minimum(kth, least)
         equal = tl.full([], 0, tl.int32)
         for j0 in range(0, nv, CBLOCK):
             j = j0 + ccols
             x = tl.load(val_ptr + crow + j, mask=j < nv, other=float("inf"))
-            equal += tl.sum((x == kth).to(tl.int32), 0)
+            equal += tl.sum(((x == kth) & (j < nv)).to(tl.int32), 0)
         if equal > need:
             fixed = tl.full([], 1, tl.int32)
             above = tl.full([], 0, tl.int32)
@@ -422,7 +423,7 @@ def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_p
                     ok = j < nv
                     x = tl.load(val_ptr + crow + j, mask=ok, other=float("inf"))
                     p = tl.load(pos_ptr + crow + j, mask=ok, other=0)
-                    cnt += tl.sum(((x == kth) & (p <= mid)).to(tl.int32), 0)
+                    cnt += tl.sum(((x == kth) & (p <= mid) & ok).to(tl.int32), 0)
                 reached = cnt >= need
                 hi = tl.where(reached, mid, hi)
                 lo = tl.where(reached, lo, mid + 1)
@@ -432,7 +433,7 @@ def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_p
                 ok = j < nv
                 x = tl.load(val_ptr + crow + j, mask=ok, other=float("inf"))
                 p = tl.load(pos_ptr + crow + j, mask=ok, other=0)
-                take = (x == kth) & (p <= lo)
+                take = (x == kth) & (p <= lo) & ok
                 ti = take.to(tl.int32)
                 dst = put + tl.cumsum(ti, 0) - 1
                 tl.store(got_ptr + trow + dst, p, mask=take)
