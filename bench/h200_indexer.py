@@ -41,7 +41,10 @@ each shape's dense logits (``rand`` inputs): ``torch.topk``, FlashInfer, and the
 under each ``--variants`` launch config (``TopkConfig`` fields, ``+``-joined, e.g.
 ``separate=1+filter_block=2048``; ``default`` is the shipped one). Every variant must give the
 default's positions bit for bit. ``--profile`` prints the CUDA kernels of one call per shape
-(torch.profiler; ``--column``, default ``composed``), to see where its time goes. ``--memory gluon,triton``
+(torch.profiler; ``--column``, default ``composed``), to see where its time goes: the kernels by
+total time, the GPU's idle gaps between kernels (traced without CPU ops, which slow the host), the
+host's time by function, the host syncs by the project line that made them, and, for the fused
+paths, their own counts (chunks, rows sampled, tied, rescored, peak). ``--memory gluon,triton``
 shows where each named provider's top-k ops put their peak at the kit's memory-case shapes (prefill
 M=512 N=131072 causal, paged B=64 next_n=2 ctx 32768; H=16, D=64, topk 2048 with values, a 16 MiB
 workspace): the call once to warm up, then once under ``torch.cuda.memory._record_memory_history``,
@@ -691,7 +694,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (torch_ref)")
     ap.add_argument("--select", action="store_true", help="time the selection alone, under --variants")
     ap.add_argument("--variants", default=VARIANTS, help="comma-separated TopkConfig variants for --select")
-    ap.add_argument("--profile", action="store_true", help="print the CUDA kernels of one call a shape")
+    ap.add_argument("--profile", action="store_true", help="where one call a shape spends its time: kernels, "
+                    "idle gaps, host time, host syncs by line")
     ap.add_argument("--column", default="composed", help="with --profile: the column to profile (composed, "
                     "fused, gluon, 'two-stage gluon', 'fused gluon', 'sliced gluon')")
     ap.add_argument("--workspace", default="", help="with --profile: comma-separated MQA_WORKSPACE_MB figures "
