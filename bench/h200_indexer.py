@@ -448,36 +448,30 @@ def syncs(call: Callable[[], Any]) -> None:
     """Where one call makes the host wait for the GPU: torch's sync debug mode warns at every
     synchronizing op; they are counted by the innermost line of the project that made them. Each is
     a point where the GPU runs dry until the host enqueues again."""
+    import collections
     import traceback
     import warnings
 
-    sites: dict[str, int] = {}
+    sites: collections.Counter[str] = collections.Counter()
+
+    def note(*_: Any, **__: Any) -> None:
+        frames = [f for f in traceback.extract_stack()[:-1] if "/providers/" in f.filename
+                  or "/mqa_core/" in f.filename]
+        sites[f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} {frames[-1].line}"
+              if frames else "outside the project"] += 1
+
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():  # restores showwarning and the filters
         warnings.simplefilter("always")
+        warnings.showwarning = note
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            hook = warnings.showwarning
-            stacks: list[str] = []
-
-            def note(*_: Any, **__: Any) -> None:
-                frames = [f for f in traceback.extract_stack()[:-1] if "/providers/" in f.filename
-                          or "/mqa_core/" in f.filename]
-                stacks.append(f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno} {frames[-1].line}"
-                              if frames else "?")
-
-            warnings.showwarning = note
             call()
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-            warnings.showwarning = hook
     torch.cuda.synchronize()
-    for w in caught:
-        stacks.append(f"{os.path.basename(w.filename)}:{w.lineno}")
-    for where in stacks:
-        sites[where] = sites.get(where, 0) + 1
     print(f"  syncs: {sum(sites.values())}")
-    for where, k in sorted(sites.items(), key=lambda kv: -kv[1])[:12]:
+    for where, k in sites.most_common(12):
         print(f"    {k:4d}x {where[:150]}")
 
 

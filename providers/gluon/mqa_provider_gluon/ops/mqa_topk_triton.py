@@ -412,8 +412,7 @@ def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_p
                 tl.store(got_ptr + trow + dst, g, mask=keep)
                 tl.store(v_ptr + trow + dst, v, mask=keep)
                 above += tl.sum(ki, 0)
-            need = topk - above
-            lo = tl.full([], 0, tl.int32)
+            lo = tl.full([], 0, tl.int32)  # need, counted above, is topk - above: every winner is >= kth
             hi = tl.full([], 0, tl.int32) + n - 1
             while lo < hi:
                 mid = (lo + hi) // 2
