@@ -122,6 +122,18 @@ from .mqa_logits_triton import (
     default_config,
     fp8_mqa_logits_triton,
 )
+from .row_steps import (
+    BOOK_BLOCK,
+    FINISH_TOPK,
+    TAU_COLS,
+    TIES_BLOCK,
+    book_kernel,
+    finish_kernel,
+    finish_warps,
+    tau_kernel,
+    tau_warps,
+    ties_kernel,
+)
 from .topk_triton import _rebound
 
 __all__ = ["SELECT_BYTES_PER_CELL", "SORT_SCRATCH", "Select", "Tuning", "Workspace", "filter_constexprs",
@@ -135,8 +147,6 @@ SELECT_BYTES_PER_CELL = 24
 #: allocations, 12 of them returned (``h200_indexer.py --memory triton``); with 1.0 the kit's 16 MiB
 #: case peaked at 19.1 MiB.
 SORT_SCRATCH = 3.0
-#: Cells a step of :func:`_ties_kernel` takes, of the winners and of the candidates.
-TIES_BLOCK = 1024
 #: Per-row bookkeeping: windows, tau, counters, row lists, kernel windows (a generous bound).
 _ROW_BYTES = 64
 #: The share of ``workspace_bytes`` the plan leaves unplanned, for what the byte counts above miss
@@ -359,98 +369,6 @@ def slice_filter_kernel(interpret: bool | None = None) -> Any:
         return triton.jit(_rebound(_slice_filter_kernel, glb), do_not_specialize=["cap", "c0", "ncols"])
 
 
-# ---- ties at the k-th value: the smaller positions, on the device ----------------------------------
-
-def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_ptr, stride_cm, stride_tm, topk,
-                 n, CBLOCK: tl.constexpr, TBLOCK: tl.constexpr):
-    """Step 4's tie rule for row m of a chunk, where ``flag[m]`` is set (a sampled row that kept its
-    candidates: ``nvalid[m]`` >= topk of them, all cells >= its tau). The selection took its winners
-    (``got``: positions, ``v``: values, ``topk`` of each) by slot, and the atomics made slot order
-    arbitrary, so where the candidates hold more cells equal to the k-th value (kth, the least
-    winner) than were taken, the taken ones need not be the smallest positions. Such a row is
-    rewritten here, on the device, and ``fixed[m]`` says so (1, else 0): every winner above kth, then
-    the ``need`` smallest positions among the candidates equal to kth (need: the winners equal to
-    it). Every cell equal to kth is a candidate (kth >= tau), and positions are unique in a row, so
-    the need-th smallest such position x is where the count of equal candidates at positions <= x
-    first reaches need: a bisection over [0, n), one pass over the candidates a step, which a
-    row pays only when it is tied. The caller sorts the winners by position after."""
-    m = tl.program_id(0)
-    fixed = tl.full([], 0, tl.int32)
-    if tl.load(flag_ptr + m) != 0:
-        nv = tl.load(nvalid_ptr + m)
-        crow = tl.cast(m, tl.int64) * stride_cm
-        trow = tl.cast(m, tl.int64) * stride_tm
-        tcols = tl.arange(0, TBLOCK)
-        ccols = tl.arange(0, CBLOCK)
-        kth = tl.full([], float("inf"), tl.float32)
-        need = tl.full([], 0, tl.int32)
-        for c0 in range(0, topk, TBLOCK):  # the least winner and how many winners equal it
-            c = c0 + tcols
-            inside = c < topk
-            v = tl.load(v_ptr + trow + c, mask=inside, other=float("inf"))
-            least = tl.min(v, 0)
-            times = tl.sum(((v == least) & inside).to(tl.int32), 0)  # masks kept: a value may be +inf
-            need = tl.where(least < kth, times, tl.where(least == kth, need + times, need))
-            kth = tl.minimum(kth, least)
-        equal = tl.full([], 0, tl.int32)
-        for j0 in range(0, nv, CBLOCK):
-            j = j0 + ccols
-            x = tl.load(val_ptr + crow + j, mask=j < nv, other=float("inf"))
-            equal += tl.sum(((x == kth) & (j < nv)).to(tl.int32), 0)
-        if equal > need:
-            fixed = tl.full([], 1, tl.int32)
-            above = tl.full([], 0, tl.int32)
-            for c0 in range(0, topk, TBLOCK):  # the winners above kth, moved to the front (never rightwards)
-                c = c0 + tcols
-                inside = c < topk
-                v = tl.load(v_ptr + trow + c, mask=inside, other=0.0)
-                g = tl.load(got_ptr + trow + c, mask=inside, other=0)
-                keep = inside & (v > kth)
-                ki = keep.to(tl.int32)
-                dst = above + tl.cumsum(ki, 0) - 1
-                tl.debug_barrier()  # every load of the step before any store over it
-                tl.store(got_ptr + trow + dst, g, mask=keep)
-                tl.store(v_ptr + trow + dst, v, mask=keep)
-                above += tl.sum(ki, 0)
-            lo = tl.full([], 0, tl.int32)  # need, counted above, is topk - above: every winner is >= kth
-            hi = tl.full([], 0, tl.int32) + n - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                cnt = tl.full([], 0, tl.int32)
-                for j0 in range(0, nv, CBLOCK):
-                    j = j0 + ccols
-                    ok = j < nv
-                    x = tl.load(val_ptr + crow + j, mask=ok, other=float("inf"))
-                    p = tl.load(pos_ptr + crow + j, mask=ok, other=0)
-                    cnt += tl.sum(((x == kth) & (p <= mid) & ok).to(tl.int32), 0)
-                reached = cnt >= need
-                hi = tl.where(reached, mid, hi)
-                lo = tl.where(reached, lo, mid + 1)
-            put = above
-            for j0 in range(0, nv, CBLOCK):  # the equal candidates at positions <= lo: exactly need of them
-                j = j0 + ccols
-                ok = j < nv
-                x = tl.load(val_ptr + crow + j, mask=ok, other=float("inf"))
-                p = tl.load(pos_ptr + crow + j, mask=ok, other=0)
-                take = (x == kth) & (p <= lo) & ok
-                ti = take.to(tl.int32)
-                dst = put + tl.cumsum(ti, 0) - 1
-                tl.store(got_ptr + trow + dst, p, mask=take)
-                tl.store(v_ptr + trow + dst, x, mask=take)
-                put += tl.sum(ti, 0)
-    tl.store(fixed_ptr + m, fixed)
-
-
-@functools.lru_cache(maxsize=2)
-def ties_kernel(interpret: bool | None = None) -> Any:
-    """The jitted :func:`_ties_kernel` for ``interpret`` (default: what TRITON_INTERPRET says now)."""
-    if interpret is None:
-        return ties_kernel(bool(triton.knobs.runtime.interpret))
-    with triton.knobs.runtime.scope():
-        triton.knobs.runtime.interpret = interpret
-        return triton.jit(_ties_kernel, do_not_specialize=["topk", "n"])
-
-
 # ---- workspace: every temporary through one allocator -------------------------------------------
 
 class Workspace:
@@ -512,6 +430,9 @@ class Tuning:
     slice: int | None = None
     #: Called with the call's Workspace when it finishes (tests read its peak).
     report: Callable[[Workspace, dict[str, Any]], None] | None = None
+    #: Run the per-row steps around the candidates as torch calls (the way rows too wide for
+    #: ``row_steps``' kernels go) instead of those kernels; tests compare the two.
+    glue: bool = False
 
 
 _TUNING = Tuning()
@@ -613,6 +534,8 @@ class _Launch:
     filter: str = "epilogue"
     #: The call's workspace budget (bytes): a logits slice takes what the workspace has left.
     budget: int = 0
+    #: :attr:`Tuning.glue`: the per-row steps as torch calls, whatever the shape.
+    glue: bool = False
 
 
 def _launch_filter(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
@@ -781,7 +704,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
     lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index, scorer, filter,
-                 budget)
+                 budget, tun.glue)
 
     # Windows on the host (one sync): widths decide each row's path.
     ks_h = ks.to("cpu", torch.int64)
@@ -868,34 +791,42 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
            vals: torch.Tensor | None, counts: torch.Tensor) -> None:
     """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
     candidate count goes to ``counts[0]``, and ``counts[1]`` marks the rows whose ties at the k-th
-    value :func:`_ties_kernel` resolved; a misjudged row's result here is not kept, and the caller
+    value the tie rule (``row_steps._resolve_ties``) resolved; a misjudged row's result here is not kept, and the caller
     rescores it (step 5) once every chunk is enqueued."""
     mc = q.shape[0]
     n = k.shape[0]
     sampled, scored = rows.sampled, rows.scored
-    lo_d, hi_d = rows[0], rows[1]
+    lo_d = rows[0]
 
     # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
     #    here where some row is not scored; the scored ones are overwritten below (or rescored).
     if not bool(scored.all()):
         with ws.scratch(mc * topk + 16 * mc):
-            whole_windows(out, lo_d, hi_d, n, positions)
+            whole_windows(out, lo_d, rows[1], n, positions)
         if not bool(scored.any()):
             return
 
-    # 2. Thresholds: -inf (dense) unless sampled.
+    # 2. Thresholds: -inf (dense) unless sampled; the r-th largest sample value by one kernel
+    #    (:func:`row_steps._tau_kernel`) where the sample row fits it.
     tau = ws.empty(mc, dtype=torch.float32)
-    tau.fill_(float("-inf"))
     if bool(sampled.any()):
         sample = ws.adopt(_logits(lp, q, k[::s], k_scale[::s], w, rows[4], rows[5]))
-        nan = ws.adopt(torch.isnan(sample))
-        sample.masked_fill_(nan, float("-inf"))
-        del nan
-        with ws.scratch(_sort_bytes(r, 4) + _sort_bytes(sample.shape[1], 4) // 8):
-            th = torch.topk(sample, r, dim=1, sorted=False).values.amin(dim=1)
+        ns = sample.shape[1]
+        if lp.glue or ns > TAU_COLS:
+            nan = ws.adopt(torch.isnan(sample))
+            sample.masked_fill_(nan, float("-inf"))
+            del nan
+            with ws.scratch(_sort_bytes(r, 4) + _sort_bytes(ns, 4) // 8):
+                th = torch.topk(sample, r, dim=1, sorted=False).values.amin(dim=1)
+            tau.copy_(torch.where(rows[6].bool(), th, float("-inf")))
+            del th
+        else:
+            with _interpreting() if lp.interpret else _on_device(lp.index):
+                tau_kernel(lp.interpret)[(mc,)](sample, sample.stride(0), rows[6], tau, ns, r,
+                                                BLOCK=triton.next_power_of_2(ns), num_warps=tau_warps(ns))
         del sample
-        tau.copy_(torch.where(rows[6].bool(), th, float("-inf")))
-        del th
+    else:
+        tau.fill_(float("-inf"))
 
     # 3. The filter kernel: candidates of every scored row.
     cnt = ws.empty(mc, dtype=torch.int32)
@@ -904,36 +835,43 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     val = ws.empty(mc, cap, dtype=torch.float32)
     _launch_filter(lp, ws, q, k, k_scale, w, rows[2], rows[3], tau, cnt, pos, val, cap, rows.span)
 
-    # Which sampled rows the sample misjudged, on the device: their results here are not kept.
-    sampled_d, scored_d = rows[6].bool(), rows[7].bool()
-    counts[0].copy_(torch.where(sampled_d, cnt, 0))
-    bad_d = sampled_d & ((cnt < topk) | (cnt > cap))
-    nvalid = torch.where(sampled_d, torch.where(bad_d, 0, cnt.clamp(max=cap)),
-                         torch.where(scored_d, hi_d - lo_d, 0))
+    # Which sampled rows the sample misjudged, on the device (their results here are not kept), and
+    # each row's candidates for the select: ``win`` rows (0, nvalid, keep, tie rule applies).
+    win = ws.empty(4, mc, dtype=torch.int32)
+    with _interpreting() if lp.interpret else _on_device(lp.index):
+        book_kernel(lp.interpret)[(-(-mc // BOOK_BLOCK),)](cnt, rows.table, rows.table.stride(0), counts[0], win,
+                                                           win.stride(0), mc, topk, cap, BLOCK=BOOK_BLOCK)
     del cnt
 
     # 4. Exact selection over the candidates as they lie (in slot order, which the atomics made
     #    arbitrary for sampled rows), then only the winners sorted by position. The slot order breaks
     #    ties at the k-th value, so a sampled row whose candidates hold more cells equal to it than
-    #    were taken gets the smallest positions among them from :func:`_ties_kernel`. Dense rows'
-    #    slots are their positions already.
+    #    were taken gets the smallest positions among them (``row_steps._resolve_ties``). Dense
+    #    rows' slots are their positions already. One kernel finishes a row where topk fits it.
     idx = ws.empty(mc, topk, dtype=torch.int32)
     v = ws.empty(mc, topk, dtype=torch.float32)
     with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
-        sel(val, torch.zeros_like(nvalid), nvalid, topk, positions="relative", out=idx, values=v)
+        sel(val, win[0], win[1], topk, positions="relative", out=idx, values=v)
+    if not lp.glue and topk <= FINISH_TOPK:
+        with _interpreting() if lp.interpret else _on_device(lp.index):
+            finish_kernel(lp.interpret)[(mc,)](
+                idx, v, pos, val, win, win.stride(0), lo_d, out, out.stride(0), v if vals is None else vals,
+                0 if vals is None else vals.stride(0), counts[1], pos.stride(0), idx.stride(0), topk, n,
+                CBLOCK=TIES_BLOCK, TBLOCK=TIES_BLOCK, LOG2=(topk - 1).bit_length(),
+                RELATIVE=positions == "relative", VALUES=vals is not None, num_warps=finish_warps(topk))
+        return
     got = pos.gather(1, idx.clamp(min=0).long())
     got.masked_fill_(idx < 0, 2**31 - 1)  # the padding sorts last
     del idx
     if bool(sampled.any()):
         with _interpreting() if lp.interpret else _on_device(lp.index):
-            ties_kernel(lp.interpret)[(mc,)](pos, val, nvalid, (sampled_d & ~bad_d).int(), got, v, counts[1],
-                                             pos.stride(0), v.stride(0), topk, n, CBLOCK=TIES_BLOCK,
-                                             TBLOCK=TIES_BLOCK, num_warps=4)
+            ties_kernel(lp.interpret)[(mc,)](pos, val, win[1], win[3], got, v, counts[1], pos.stride(0), v.stride(0),
+                                             topk, n, CBLOCK=TIES_BLOCK, TBLOCK=TIES_BLOCK, num_warps=4)
     del pos, val
     with ws.scratch(_sort_bytes(mc * topk, 4)):
         got, order = torch.sort(got, dim=1)
     got = torch.where(got != 2**31 - 1, got - (lo_d[:, None] if positions == "relative" else 0), -1).int()
-    g = (scored_d & ~bad_d)[:, None]
+    g = win[2].bool()[:, None]
     out.copy_(torch.where(g, got, out))
     if vals is not None:
         vals.copy_(torch.where(g, v.gather(1, order), vals))
@@ -1039,23 +977,39 @@ def compile_filter_for(target: str, *, h: int = 64, d: int = 128, config: Triton
     return asm
 
 
-def compile_small_kernel_for(target: str, kernel: str = "slices") -> dict[str, Any]:
+def compile_small_kernel_for(target: str, kernel: str = "slices", *, topk: int = 2048,
+                             sample_cols: int = 4096) -> dict[str, Any]:
     """Build one of the small kernels for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, as
     the launcher calls it: ``"slices"``, the slice filter (a 16-byte-aligned logits slice of float32,
-    one warp), or ``"ties"``, the ties kernel (four warps); returns the asm dict plus ``"metadata"``."""
+    one warp); ``"ties"``, the tie rule alone (four warps); or one of ``row_steps``' kernels:
+    ``"tau"`` (a sample row of ``sample_cols``), ``"book"``, ``"finish"`` (``topk`` winners, values
+    asked for, relative positions). Returns the asm dict plus ``"metadata"``."""
     from triton.compiler import ASTSource
 
     from .. import aot
 
+    consts: dict[str, Any]
     if kernel == "slices":
         fn = slice_filter_kernel(interpret=False)
-        consts: dict[str, Any] = {"SEG": SLICE_SEG, "BLOCK": _slice_block(target), "AHEAD": SLICE_AHEAD}
+        consts = {"SEG": SLICE_SEG, "BLOCK": _slice_block(target), "AHEAD": SLICE_AHEAD}
         floats, warps = ("x_ptr", "tau_ptr", "val_ptr"), 1
     elif kernel == "ties":
         fn = ties_kernel(interpret=False)
         consts, floats, warps = {"CBLOCK": TIES_BLOCK, "TBLOCK": TIES_BLOCK}, ("val_ptr", "v_ptr"), 4
+    elif kernel == "tau":
+        fn = tau_kernel(interpret=False)
+        consts = {"BLOCK": triton.next_power_of_2(sample_cols)}
+        floats, warps = ("x_ptr", "tau_ptr"), tau_warps(sample_cols)
+    elif kernel == "book":
+        fn, consts, floats, warps = book_kernel(interpret=False), {"BLOCK": BOOK_BLOCK}, (), 4
+    elif kernel == "finish":
+        fn = finish_kernel(interpret=False)
+        consts = {"CBLOCK": TIES_BLOCK, "TBLOCK": TIES_BLOCK, "LOG2": (topk - 1).bit_length(), "RELATIVE": True,
+                  "VALUES": True}
+        floats, warps = ("v_ptr", "val_ptr", "vals_ptr"), finish_warps(topk)
     else:
-        raise ValueError(f"compile_small_kernel_for: kernel must be 'slices' or 'ties'; got {kernel!r}")
+        raise ValueError(f"compile_small_kernel_for: kernel must be 'slices', 'ties', 'tau', 'book' or 'finish'; "
+                         f"got {kernel!r}")
     signature = {a: "constexpr" if a in consts else "*fp32" if a in floats else "*i32" if a.endswith("_ptr")
                  else "i32" for a in fn.arg_names}
     aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]
