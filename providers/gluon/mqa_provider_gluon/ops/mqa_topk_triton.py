@@ -14,6 +14,8 @@ below everything. How it gets there, per chunk of query rows:
    topk only past four standard deviations), and the candidate capacity is
    ``C = r*s + b*s*sqrt(r)`` (b = 6). Rows with W <= C skip the sample: tau = -inf, all of their window.
    The stride s grows with sqrt(W/topk) (8 to 128): fewer sampled keys, a larger capacity.
+   tau comes from one kernel (``row_steps._tau_kernel``: a bisection over the row in registers);
+   sample rows wider than ``row_steps.TAU_COLS`` take ``torch.topk``.
 3. The filter kernel is the logits kernel's loop body unchanged (same dot, relu*w, head sum, *scale,
    same config) with another epilogue: each in-window cell with ``value >= tau[m]`` is appended,
    (position, value), to row m's candidate buffer [C] through a per-row int32 atomic counter (a
@@ -28,10 +30,13 @@ below everything. How it gets there, per chunk of query rows:
 4. Rows with topk <= count <= C: ``select`` over the candidates as they lie, then the winners'
    positions sorted. The slots hand ties at the k-th value to the smaller slot, not the smaller
    position: in a row whose candidates hold more cells equal to its k-th value than were taken, the
-   ties kernel (one program a row, which returns at once unless the row is tied) swaps the taken
+   tie rule (``row_steps._resolve_ties``, which a row pays for only when it is tied) swaps the taken
    ones for the smallest positions among them (every such cell is a candidate). Sorting ``topk``
-   winners instead of C candidates keeps the sort in torch's one-block sort (rows up to 4096) and
-   drops the gather of C values.
+   winners instead of C candidates keeps the sort in registers and drops the gather of C values.
+   Around the select, two kernels a chunk do the rest (``row_steps``: the bookkeeping before it;
+   the slots to positions, the tie rule, the sort and the store after it), where ~75 torch calls
+   once left the GPU waiting on their launches; topk past ``row_steps.FINISH_TOPK`` takes the torch
+   steps and the ties kernel.
 5. Rows the sample misjudged (count < topk or count > C): rescored by the same kernel, dense, in key
    pieces of width P: each piece's values are selected together with the best ``topk`` so far (kept
    before the piece, so index order is position order). One host sync, after every chunk is
@@ -49,7 +54,7 @@ the windows; the dot computes each output cell from its own row and column, and 
 scale run in the same order whichever rows share a block or which program (key split) computes the
 tile. The grid (splits) depends on M, but only decides who computes a tile. Candidate append order
 varies between runs, but the selected set is every candidate above the k-th value plus the
-smallest positions among those equal to it (the ties kernel sees to that), and it is sorted by
+smallest positions among those equal to it (the tie rule sees to that), and it is sorted by
 position, so the result is a function of the row's own values: the same bits alone, in any batch,
 in any chunk, with any sample stride or path (row chunking and the stride depend on the batch; the result does not).
 

@@ -203,12 +203,12 @@ def _ties_kernel(pos_ptr, val_ptr, nvalid_ptr, flag_ptr, got_ptr, v_ptr, fixed_p
 
 # ---- the finish: winners to sorted positions in the output ------------------------------------------
 
-def _pair_step(x, down, I: tl.constexpr, L: tl.constexpr):
+def _pair_step(x, down, D: tl.constexpr, L: tl.constexpr):
     """One compare-exchange step of a bitonic network over the 2**L integers ``x``: each pair of
-    lanes 2**I apart leaves the smaller value in the lower lane (the larger where ``down``). Triton
-    has no lane shuffle, so each lane reads its pair's two values through a [.., 2, 2**I] view
+    lanes 2**D apart leaves the smaller value in the lower lane (the larger where ``down``). Triton
+    has no lane shuffle, so each lane reads its pair's two values through a [.., 2, 2**D] view
     summed over the middle axis, and takes the other one (``x ^ a ^ b``) where they must swap."""
-    shape: tl.constexpr = [1 << (L - I - 1), 2, 1 << I]
+    shape: tl.constexpr = [1 << (L - D - 1), 2, 1 << D]
     y = tl.reshape(x, shape)
     upper = tl.arange(0, 2)[None, :, None]
     a = tl.reshape(tl.broadcast_to(tl.sum(y * (1 - upper), 1)[:, None, :], shape), [1 << L])
