@@ -526,24 +526,6 @@ def test_aot_slice_filter_streams_without_barriers(target):
         assert len(re.findall(r"global_atomic_add", gcn)) == 3
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
-def test_aot_ties_kernel_builds_without_spills(target):
-    """The ties kernel (step 4's tie rule on the device) builds for each target as the launcher
-    calls it, with no spills: a tied row's bisection keeps its loop state in registers."""
-    from mqa_provider_gluon import aot
-
-    skip_unless_buildable(target)
-    asm = op.compile_small_kernel_for(target, "ties")
-    if target == "sm_90":
-        facts = aot.sass_facts(asm)
-        assert facts.spill_stores == 0 and facts.spill_loads == 0, facts
-        assert "ATOM" not in aot.sass(asm)  # a row is one program's: no atomics
-    else:
-        facts = aot.amd_facts(asm)
-        assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
-    print(f"ties kernel {target}: {facts}")
-
-
 # ---- real sizes on an NVIDIA GPU --------------------------------------------------------------------
 
 def cuda_inputs(m: int, n: int, h: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:

@@ -153,10 +153,11 @@ def test_kernels_equal_the_torch_steps(monkeypatch, path):
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
 @pytest.mark.parametrize("kernel,kw", [("tau", {}), ("tau", {"sample_cols": rs.TAU_COLS}), ("book", {}),
-                                       ("finish", {}), ("finish", {"topk": rs.FINISH_TOPK})])
+                                       ("finish", {}), ("finish", {"topk": rs.FINISH_TOPK}), ("ties", {})])
 def test_aot_row_steps_build_without_spills(target, kernel, kw):
     """Each per-row kernel builds for each target as the launcher calls it, at the widest row it
-    takes (16384 sample columns, topk 4096), with no spills: the rows stay in registers."""
+    takes (16384 sample columns, topk 4096), with no spills: the rows, and a tied row's bisection
+    state, stay in registers."""
     from mqa_provider_gluon import aot
 
     skip_unless_buildable(target)
