@@ -65,7 +65,8 @@ def _tau_kernel(x_ptr, stride_xm, flag_ptr, tau_ptr, ncols, r, BLOCK: tl.constex
     A float's bits b map to the int32 key ``b ^ ((b >> 31) & 0x7fffffff)``, which orders as the
     floats do (-0.0 just below +0.0); the answer is the largest key t with at least r keys >= t, found
     by 32 halvings of [-2**31, 2**31) over the row in registers, and mapped back by the same xor (an
-    involution). Fewer than r columns: -inf (the row is then dense, as torch.topk's caller made it)."""
+    involution). Fewer than r columns gives -inf; the plan never asks for it (a sampled row is wider
+    than its capacity, over r*s keys, so its sample has more than r columns)."""
     m = tl.program_id(0)
     tau = tl.full([], float("-inf"), tl.float32)
     if (tl.load(flag_ptr + m) != 0) & (r <= ncols):
