@@ -542,6 +542,10 @@ class _Launch:
     #: :attr:`Tuning.glue`: the per-row steps as torch calls, whatever the shape.
     glue: bool = False
 
+    def launching(self) -> contextlib.AbstractContextManager[Any]:
+        """Where this call's kernels launch: the interpreter, or the call's device."""
+        return _interpreting() if self.interpret else _on_device(self.index)
+
 
 def _launch_filter(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
                    w: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, tau: torch.Tensor, cnt: torch.Tensor,
@@ -567,7 +571,7 @@ def _launch_filter(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor,
     tiles_per_split = -(-num_tiles // splits)
     splits = -(-num_tiles // tiles_per_split)
     k_desc = _k_descriptor(k, cfg, lp.arch) if lp.tma else None
-    with _interpreting() if lp.interpret else _on_device(lp.index):
+    with lp.launching():
         filter_kernel(lp.interpret)[(num_mb * splits,)](
             q, k, k_desc, k_scale, w, ks, ke, tau, cnt, pos, val,
             m, n, q.stride(0), q.stride(1), k.stride(0), k_scale.stride(0), w.stride(0), pos.stride(0), cap,
@@ -600,7 +604,7 @@ def _launch_slices(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor,
         c1 = min(c0 + width, n)
         a, b = shifted[0, i], shifted[1, i]
         x = ws.adopt(_logits(lp, q, k[c0:c1], k_scale[c0:c1], w, a, b, clean=False))
-        with _interpreting() if lp.interpret else _on_device(lp.index):
+        with lp.launching():
             kernel[(m, -(-(c1 - c0) // SLICE_SEG))](
                 x, x.stride(0), a, b, tau, cnt, pos, val, pos.stride(0), cap, c0, c1 - c0,
                 SEG=SLICE_SEG, BLOCK=_slice_block(lp.arch), AHEAD=SLICE_AHEAD, num_warps=1)
@@ -796,8 +800,8 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
            vals: torch.Tensor | None, counts: torch.Tensor) -> None:
     """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
     candidate count goes to ``counts[0]``, and ``counts[1]`` marks the rows whose ties at the k-th
-    value the tie rule (``row_steps._resolve_ties``) resolved; a misjudged row's result here is not kept, and the caller
-    rescores it (step 5) once every chunk is enqueued."""
+    value the tie rule (``row_steps._resolve_ties``) resolved; a misjudged row's result here is not
+    kept, and the caller rescores it (step 5) once every chunk is enqueued."""
     mc = q.shape[0]
     n = k.shape[0]
     sampled, scored = rows.sampled, rows.scored
@@ -826,7 +830,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
             tau.copy_(torch.where(rows[6].bool(), th, float("-inf")))
             del th
         else:
-            with _interpreting() if lp.interpret else _on_device(lp.index):
+            with lp.launching():
                 tau_kernel(lp.interpret)[(mc,)](sample, sample.stride(0), rows[6], tau, ns, r,
                                                 BLOCK=triton.next_power_of_2(ns), num_warps=tau_warps(ns))
         del sample
@@ -843,7 +847,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     # Which sampled rows the sample misjudged, on the device (their results here are not kept), and
     # each row's candidates for the select: ``win`` rows (0, nvalid, keep, tie rule applies).
     win = ws.empty(4, mc, dtype=torch.int32)
-    with _interpreting() if lp.interpret else _on_device(lp.index):
+    with lp.launching():
         book_kernel(lp.interpret)[(-(-mc // BOOK_BLOCK),)](cnt, rows.table, rows.table.stride(0), counts[0], win,
                                                            win.stride(0), mc, topk, cap, BLOCK=BOOK_BLOCK)
     del cnt
@@ -858,7 +862,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     with ws.scratch(SELECT_BYTES_PER_CELL * mc * cap):
         sel(val, win[0], win[1], topk, positions="relative", out=idx, values=v)
     if not lp.glue and topk <= FINISH_TOPK:
-        with _interpreting() if lp.interpret else _on_device(lp.index):
+        with lp.launching():
             finish_kernel(lp.interpret)[(mc,)](
                 idx, v, pos, val, win, win.stride(0), lo_d, out, out.stride(0), v if vals is None else vals,
                 0 if vals is None else vals.stride(0), counts[1], pos.stride(0), idx.stride(0), topk, n,
@@ -869,7 +873,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     got.masked_fill_(idx < 0, 2**31 - 1)  # the padding sorts last
     del idx
     if bool(sampled.any()):
-        with _interpreting() if lp.interpret else _on_device(lp.index):
+        with lp.launching():
             ties_kernel(lp.interpret)[(mc,)](pos, val, win[1], win[3], got, v, counts[1], pos.stride(0), v.stride(0),
                                              topk, n, CBLOCK=TIES_BLOCK, TBLOCK=TIES_BLOCK, num_warps=4)
     del pos, val
