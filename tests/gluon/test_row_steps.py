@@ -72,6 +72,34 @@ def test_book_kernel_says_who_keeps_what():
     assert bad.any() and (sampled & ~bad).any() and (~scored).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("score_all", [False, True])
+@pytest.mark.parametrize("stride", [0, 16])
+def test_table_kernel_decides_as_the_host(dtype, score_all, stride):
+    """Windows starting before key 0, ending past N, ending before they start, narrower than topk,
+    wider than the capacity: each row's table entries are the host's formulas (clamped window,
+    ceil(lo/s) for the sample, sampled only with a stride, every row scored with values)."""
+    gen = torch.Generator().manual_seed(11)
+    m, n, topk, cap = 1500, 5000, 64, 900  # more rows than one program takes
+    ks = torch.randint(-300, n + 300, (m,), generator=gen)
+    ke = ks + torch.randint(-100, 2000, (m,), generator=gen)
+    table = torch.full((8, m + 5), -7, dtype=torch.int32)  # a wider buffer: the stride is not m
+    with op._interpreting():
+        rs.table_kernel(True)[(-(-m // rs.BOOK_BLOCK),)](ks.to(dtype), ke.to(dtype), table, table.stride(0), m, n,
+                                                         topk, cap, stride, SCORE_ALL=score_all, BLOCK=rs.BOOK_BLOCK)
+    lo = ks.clamp(0, n)
+    hi = torch.maximum(ke.clamp(max=n), lo)
+    w = hi - lo
+    sampled = (w > cap) & (stride > 0)
+    scored = (w > topk) | score_all
+    s = max(stride, 1)
+    want = torch.stack((lo, hi, lo * scored, hi * scored, torch.where(sampled, -(-lo // s), 0),
+                        torch.where(sampled, -(-hi // s), 0), sampled, scored)).int()
+    assert torch.equal(table[:, :m], want)
+    assert (table[:, m:] == -7).all()  # past row m: untouched
+    assert sampled.any() == (stride > 0) and (~scored).any() != score_all and (w == 0).any()
+
+
 @pytest.mark.parametrize("values", [True, False])
 @pytest.mark.parametrize("relative", [True, False])
 def test_finish_kernel_sorts_the_winners_into_the_output(values, relative):
@@ -153,7 +181,8 @@ def test_kernels_equal_the_torch_steps(monkeypatch, path):
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
 @pytest.mark.parametrize("kernel,kw", [("tau", {}), ("tau", {"sample_cols": rs.TAU_COLS}), ("book", {}),
-                                       ("finish", {}), ("finish", {"topk": rs.FINISH_TOPK}), ("ties", {})])
+                                       ("table", {}), ("finish", {}), ("finish", {"topk": rs.FINISH_TOPK}),
+                                       ("ties", {})])
 def test_aot_row_steps_build_without_spills(target, kernel, kw):
     """Each per-row kernel builds for each target as the launcher calls it, at the widest row it
     takes (16384 sample columns, topk 4096), with no spills: the rows, and a tied row's bisection

@@ -135,6 +135,7 @@ from .row_steps import (
     book_kernel,
     finish_kernel,
     finish_warps,
+    table_kernel,
     tau_kernel,
     tau_warps,
     ties_kernel,
@@ -709,17 +710,17 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     # (and, in row 1, which rows had their ties at the k-th value resolved on the device)
     counts = ws.empty(2, m, dtype=torch.int32)
     counts[1].zero_()
+    table = ws.empty(8, m, dtype=torch.int32)  # every row's windows and path (row_steps._table_kernel)
     budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
     lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index, scorer, filter,
                  budget, tun.glue)
 
-    # Windows on the host (one sync): widths decide each row's path.
-    ks_h = ks.to("cpu", torch.int64)
-    ke_h = ke.to("cpu", torch.int64)
-    lo_h = ks_h.clamp(min=0, max=n)
-    hi_h = torch.maximum(ke_h.clamp(max=n), lo_h)
+    # Windows on the host (one sync, one copy): widths decide each row's path.
+    wins = torch.stack((ks, ke.to(ks.dtype))).to("cpu", torch.int64)
+    lo_h = wins[0].clamp(min=0, max=n)
+    hi_h = torch.maximum(wins[1].clamp(max=n), lo_h)
     w_h = hi_h - lo_h
     w_max = int(w_h.max())
     p = plan(m, n, h, d, topk, w_max, budget, tun)
@@ -729,10 +730,6 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     s, r, cap = p["stride"], p["rank"], p["capacity"]
     ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
                            "dense_rows": 0, "chunks": 0}
-    # Every row's path and windows, decided on the host in one table: a chunk's rows go to the device
-    # from pinned memory without a sync. A copy of pageable memory syncs the stream, and the steps
-    # made ten of them a chunk, so the GPU waited for the host at each (an H100 profile of the
-    # Gluon-scored call: 19 ms of kernels in 34).
     small = w_h <= topk  # all of the window
     if not return_values and bool(small.all()):
         # every row is its whole window (a packed batch of requests no longer than topk): one fill,
@@ -741,37 +738,37 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         if tun.report is not None:
             tun.report(ws, ctx)
         return out, vals
+    # Every row's path and windows: the same decisions on the host (masks, for the chunks' host
+    # choices) and on the device (the table the kernels read, made by one kernel: built on the host
+    # and copied over, it kept an H100 idle 1.0-1.2 ms at 4k rows).
     sampled = (w_h > cap) & (s > 0)  # a threshold from the sample
     scored = ~small | return_values  # the filter kernel runs on it (tau = -inf unless sampled)
-    sample_lo = torch.where(sampled, -(-lo_h // max(s, 1)), 0)
-    sample_hi = torch.where(sampled, -(-hi_h // max(s, 1)), 0)
-    table = torch.stack((lo_h, hi_h, torch.where(scored, lo_h, 0), torch.where(scored, hi_h, 0), sample_lo, sample_hi,
-                         sampled, scored), dim=1).to(torch.int32)  # [M, 8]: a chunk's rows are contiguous
-    if dev.type == "cuda":
-        table = table.pin_memory()  # alive until the counts' sync below, after every copy from it
+    with lp.launching():
+        table_kernel(lp.interpret)[(-(-m // BOOK_BLOCK),)](ks.contiguous(), ke.contiguous(), table, table.stride(0),
+                                                            m, n, topk, cap, s, SCORE_ALL=return_values,
+                                                            BLOCK=BOOK_BLOCK)
     step = -(-m // -(-m // p["rows"]))  # as many chunks as the plan needs, of equal size (no small tail)
     for m0 in range(0, m, step):
         m1 = min(m, m0 + step)
         ctx["chunks"] += 1
         part = scored[m0:m1]
         span = (int(lo_h[m0:m1][part].min()), int(hi_h[m0:m1][part].max())) if bool(part.any()) else (0, 0)
-        rows = _Rows(ws.adopt(table[m0:m1].to(dev, non_blocking=True).t().contiguous()), sampled[m0:m1], part,
-                     span)
+        rows = _Rows(table[:, m0:m1], sampled[m0:m1], part, span)
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
                None if vals is None else vals[m0:m1], counts[:, m0:m1])
         del rows
 
     # The one sync after the windows': the counts say which rows the sample misjudged.
     count, fixed = counts.cpu().to(torch.int64)
-    del table
+    del table, counts
     bad = sampled & ((count < topk) | (count > cap))
-    ctx["fallback_rows"] = int(bad.sum())
-    ctx["tie_rows"] = int((sampled & (fixed == 1)).sum())
-    ctx["undercount_rows"] = int((sampled & (count < topk)).sum())
-    ctx["overflow_rows"] = int((sampled & (count > cap)).sum())
-    ctx["sampled_rows"] = int(sampled.sum())
-    ctx["dense_rows"] = int((~small & ~sampled).sum())
-    del counts
+    if tun.report is not None:  # the path counts, for tests and profiles only (host work after the GPU's)
+        ctx["fallback_rows"] = int(bad.sum())
+        ctx["tie_rows"] = int((sampled & (fixed == 1)).sum())
+        ctx["undercount_rows"] = int((sampled & (count < topk)).sum())
+        ctx["overflow_rows"] = int((sampled & (count > cap)).sum())
+        ctx["sampled_rows"] = int(sampled.sum())
+        ctx["dense_rows"] = int((~small & ~sampled).sum())
     if bool(bad.any()):
         rows = torch.nonzero(bad).flatten()
         _rescore(lp, ws, sel, q, k, k_scale, weights, rows, lo_h, hi_h, topk, positions, out, vals, budget - ws.live)
@@ -991,8 +988,8 @@ def compile_small_kernel_for(target: str, kernel: str = "slices", *, topk: int =
     """Build one of the small kernels for ``target`` ("sm_90", "gfx942", "gfx950") on this machine, as
     the launcher calls it: ``"slices"``, the slice filter (a 16-byte-aligned logits slice of float32,
     one warp); ``"ties"``, the tie rule alone (four warps); or one of ``row_steps``' kernels:
-    ``"tau"`` (a sample row of ``sample_cols``), ``"book"``, ``"finish"`` (``topk`` winners, values
-    asked for, relative positions). Returns the asm dict plus ``"metadata"``."""
+    ``"tau"`` (a sample row of ``sample_cols``), ``"book"``, ``"table"``, ``"finish"`` (``topk`` winners,
+    values asked for, relative positions). Returns the asm dict plus ``"metadata"``."""
     from triton.compiler import ASTSource
 
     from .. import aot
@@ -1011,14 +1008,16 @@ def compile_small_kernel_for(target: str, kernel: str = "slices", *, topk: int =
         floats, warps = ("x_ptr", "tau_ptr"), tau_warps(sample_cols)
     elif kernel == "book":
         fn, consts, floats, warps = book_kernel(interpret=False), {"BLOCK": BOOK_BLOCK}, (), 4
+    elif kernel == "table":
+        fn, consts, floats, warps = table_kernel(interpret=False), {"BLOCK": BOOK_BLOCK, "SCORE_ALL": False}, (), 4
     elif kernel == "finish":
         fn = finish_kernel(interpret=False)
         consts = {"CBLOCK": TIES_BLOCK, "TBLOCK": TIES_BLOCK, "LOG2": (topk - 1).bit_length(), "RELATIVE": True,
                   "VALUES": True}
         floats, warps = ("v_ptr", "val_ptr", "vals_ptr"), finish_warps(topk)
     else:
-        raise ValueError(f"compile_small_kernel_for: kernel must be 'slices', 'ties', 'tau', 'book' or 'finish'; "
-                         f"got {kernel!r}")
+        raise ValueError(f"compile_small_kernel_for: kernel must be 'slices', 'ties', 'tau', 'book', 'table' or "
+                         f"'finish'; got {kernel!r}")
     signature = {a: "constexpr" if a in consts else "*fp32" if a in floats else "*i32" if a.endswith("_ptr")
                  else "i32" for a in fn.arg_names}
     aligned = [a for a in fn.arg_names if a.endswith("_ptr") or a.startswith("stride")]

@@ -18,6 +18,8 @@ sliced path: 11.2 ms of kernels). Here they are three launches:
   output where the row keeps its result (rows up to :data:`FINISH_TOPK`).
 
 :func:`_ties_kernel` is the same tie rule alone, for the torch way (``topk`` past FINISH_TOPK).
+:func:`_table_kernel`, once a call, writes every row's windows and path for these kernels from the
+windows on the device, where the host once built that table and copied it over.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ import triton.language as tl
 
 from .topk_triton import _rebound
 
-__all__ = ["FINISH_TOPK", "TAU_COLS", "TIES_BLOCK", "book_kernel", "finish_kernel", "finish_warps", "tau_kernel",
-           "tau_warps", "ties_kernel"]
+__all__ = ["FINISH_TOPK", "TAU_COLS", "TIES_BLOCK", "book_kernel", "finish_kernel", "finish_warps", "table_kernel",
+           "tau_kernel", "tau_warps", "ties_kernel"]
 
 #: Cells a step of the tie rule takes, of the winners and of the candidates.
 TIES_BLOCK = 1024
@@ -40,7 +42,7 @@ TAU_COLS = 16384
 #: The largest ``topk`` :func:`_finish_kernel` sorts in registers (8 int64 keys a lane at 16 warps;
 #: 8192 at 32 warps spills on sm_90, where 1024 threads get 64 registers each).
 FINISH_TOPK = 4096
-#: Rows a program of :func:`_book_kernel` takes.
+#: Rows a program of :func:`_book_kernel` (and of :func:`_table_kernel`) takes.
 BOOK_BLOCK = 1024
 #: A winner slot's position where the selection left padding: sorts after every real position.
 _PAD: tl.constexpr = tl.constexpr(2**31 - 1)
@@ -86,6 +88,38 @@ def _tau_kernel(x_ptr, stride_xm, flag_ptr, tau_ptr, ncols, r, BLOCK: tl.constex
         t = lo.to(tl.int32)
         tau = (t ^ ((t >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
     tl.store(tau_ptr + m, tau)
+
+
+# ---- the rows' table: each row's windows and path, from the windows on the device ----------------
+
+def _table_kernel(ks_ptr, ke_ptr, table_ptr, stride_t, m, n, topk, cap, s, SCORE_ALL: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """Rows of ``table`` [8, >= m] for rows ``[0, m)``: 0 the window start ``lo = clamp(ks, 0, n)``,
+    1 its end ``max(min(ke, n), lo)``, 2-3 the filter's window (``lo, hi`` where scored, else empty),
+    4-5 the sample's window over ``k[::s]`` (``ceil(lo / s), ceil(hi / s)`` where sampled, else
+    empty), 6 sampled (``hi - lo > cap`` and ``s > 0``), 7 scored (``hi - lo > topk``, or every row
+    with ``SCORE_ALL``). The host makes the same decisions from its copy of the windows; made here,
+    the table needs no host arithmetic over every row, no pinned copy and no copy to the device
+    (on an H100 those took 1.0-1.2 ms of host time while the GPU waited, at 4k rows)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < m
+    lo = tl.minimum(tl.maximum(tl.load(ks_ptr + offs, mask=ok, other=0).to(tl.int64), 0), n)
+    hi = tl.maximum(tl.minimum(tl.load(ke_ptr + offs, mask=ok, other=0).to(tl.int64), n), lo)
+    w = hi - lo
+    sampled = (w > cap) & (s > 0)
+    if SCORE_ALL:
+        scored = w >= 0
+    else:
+        scored = w > topk
+    sd = tl.maximum(s, 1)
+    tl.store(table_ptr + offs, lo.to(tl.int32), mask=ok)
+    tl.store(table_ptr + stride_t + offs, hi.to(tl.int32), mask=ok)
+    tl.store(table_ptr + 2 * stride_t + offs, tl.where(scored, lo, 0).to(tl.int32), mask=ok)
+    tl.store(table_ptr + 3 * stride_t + offs, tl.where(scored, hi, 0).to(tl.int32), mask=ok)
+    tl.store(table_ptr + 4 * stride_t + offs, tl.where(sampled, (lo + sd - 1) // sd, 0).to(tl.int32), mask=ok)
+    tl.store(table_ptr + 5 * stride_t + offs, tl.where(sampled, (hi + sd - 1) // sd, 0).to(tl.int32), mask=ok)
+    tl.store(table_ptr + 6 * stride_t + offs, sampled.to(tl.int32), mask=ok)
+    tl.store(table_ptr + 7 * stride_t + offs, scored.to(tl.int32), mask=ok)
 
 
 # ---- the bookkeeping: who kept their candidates ---------------------------------------------------
@@ -287,6 +321,7 @@ def _jitted(name: str, interpret: bool) -> Any:
         for f in (_resolve_ties, _pair_step, _sort_ints):  # in call order: each sees the ones before
             glb[f.__name__] = triton.jit(_rebound(f, glb))
         fn, dyn = {"tau": (_tau_kernel, ["ncols", "r"]), "book": (_book_kernel, ["mc", "topk", "cap"]),
+                   "table": (_table_kernel, ["m", "n", "topk", "cap", "s"]),
                    "ties": (_ties_kernel, ["topk", "n"]), "finish": (_finish_kernel, ["topk", "n"])}[name]
         return triton.jit(_rebound(fn, glb), do_not_specialize=dyn)
 
@@ -298,6 +333,11 @@ def _mode(interpret: bool | None) -> bool:
 def tau_kernel(interpret: bool | None = None) -> Any:
     """The jitted :func:`_tau_kernel` (``interpret``: default what TRITON_INTERPRET says now)."""
     return _jitted("tau", _mode(interpret))
+
+
+def table_kernel(interpret: bool | None = None) -> Any:
+    """The jitted :func:`_table_kernel`."""
+    return _jitted("table", _mode(interpret))
 
 
 def book_kernel(interpret: bool | None = None) -> Any:
