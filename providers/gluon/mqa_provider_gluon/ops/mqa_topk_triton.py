@@ -710,7 +710,6 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     # (and, in row 1, which rows had their ties at the k-th value resolved on the device)
     counts = ws.empty(2, m, dtype=torch.int32)
     counts[1].zero_()
-    table = ws.empty(8, m, dtype=torch.int32)  # every row's windows and path (row_steps._table_kernel)
     budget = int(workspace_bytes * (1 - HEADROOM)) - ws.live
     cfg = tun.config or default_config(arch, h)
     tma = cfg.tma and _tma_usable(arch, d, k.data_ptr(), k.stride())
@@ -739,28 +738,29 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
             tun.report(ws, ctx)
         return out, vals
     # Every row's path and windows: the same decisions on the host (masks, for the chunks' host
-    # choices) and on the device (the table the kernels read, made by one kernel: built on the host
-    # and copied over, it kept an H100 idle 1.0-1.2 ms at 4k rows).
+    # choices) and on the device (a chunk's table, which its kernels read, made by one kernel: built
+    # on the host and copied over, it kept an H100 idle 1.0-1.2 ms at 4k rows).
     sampled = (w_h > cap) & (s > 0)  # a threshold from the sample
     scored = ~small | return_values  # the filter kernel runs on it (tau = -inf unless sampled)
-    with lp.launching():
-        table_kernel(lp.interpret)[(-(-m // BOOK_BLOCK),)](ks.contiguous(), ke.contiguous(), table, table.stride(0),
-                                                            m, n, topk, cap, s, SCORE_ALL=return_values,
-                                                            BLOCK=BOOK_BLOCK)
     step = -(-m // -(-m // p["rows"]))  # as many chunks as the plan needs, of equal size (no small tail)
     for m0 in range(0, m, step):
         m1 = min(m, m0 + step)
         ctx["chunks"] += 1
         part = scored[m0:m1]
         span = (int(lo_h[m0:m1][part].min()), int(hi_h[m0:m1][part].max())) if bool(part.any()) else (0, 0)
-        rows = _Rows(table[:, m0:m1], sampled[m0:m1], part, span)
+        table = ws.empty(8, m1 - m0, dtype=torch.int32)
+        with lp.launching():
+            table_kernel(lp.interpret)[(-(-(m1 - m0) // BOOK_BLOCK),)](
+                ks[m0:m1].contiguous(), ke[m0:m1].contiguous(), table, table.stride(0), m1 - m0, n, topk, cap, s,
+                SCORE_ALL=return_values, BLOCK=BOOK_BLOCK)
+        rows = _Rows(table, sampled[m0:m1], part, span)
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
                None if vals is None else vals[m0:m1], counts[:, m0:m1])
-        del rows
+        del rows, table
 
     # The one sync after the windows': the counts say which rows the sample misjudged.
     count, fixed = counts.cpu().to(torch.int64)
-    del table, counts
+    del counts
     bad = sampled & ((count < topk) | (count > cap))
     if tun.report is not None:  # the path counts, for tests and profiles only (host work after the GPU's)
         ctx["fallback_rows"] = int(bad.sum())

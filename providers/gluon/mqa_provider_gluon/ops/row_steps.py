@@ -18,8 +18,8 @@ sliced path: 11.2 ms of kernels). Here they are three launches:
   output where the row keeps its result (rows up to :data:`FINISH_TOPK`).
 
 :func:`_ties_kernel` is the same tie rule alone, for the torch way (``topk`` past FINISH_TOPK).
-:func:`_table_kernel`, once a call, writes every row's windows and path for these kernels from the
-windows on the device, where the host once built that table and copied it over.
+:func:`_table_kernel`, first in a chunk, writes its rows' windows and paths for these kernels from
+the windows on the device, where the host once built that table and copied it over.
 """
 
 from __future__ import annotations
