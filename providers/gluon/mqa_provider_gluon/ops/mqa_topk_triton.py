@@ -742,6 +742,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     # on the host and copied over, it kept an H100 idle 1.0-1.2 ms at 4k rows).
     sampled = (w_h > cap) & (s > 0)  # a threshold from the sample
     scored = ~small | return_values  # the filter kernel runs on it (tau = -inf unless sampled)
+    ks_d, ke_d = ks.contiguous(), ke.contiguous()  # the table kernel reads a chunk's windows as one run
     step = -(-m // -(-m // p["rows"]))  # as many chunks as the plan needs, of equal size (no small tail)
     for m0 in range(0, m, step):
         m1 = min(m, m0 + step)
@@ -751,7 +752,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         table = ws.empty(8, m1 - m0, dtype=torch.int32)
         with lp.launching():
             table_kernel(lp.interpret)[(-(-(m1 - m0) // BOOK_BLOCK),)](
-                ks[m0:m1].contiguous(), ke[m0:m1].contiguous(), table, table.stride(0), m1 - m0, n, topk, cap, s,
+                ks_d[m0:], ke_d[m0:], table, table.stride(0), m1 - m0, n, topk, cap, s,
                 SCORE_ALL=return_values, BLOCK=BOOK_BLOCK)
         rows = _Rows(table, sampled[m0:m1], part, span)
         _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
