@@ -17,7 +17,8 @@ functions, so a provider that composes its own kernels (torch_ref) reuses them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,13 +64,24 @@ def split_workspace(workspace_bytes: int, topk: int, return_values: bool) -> tup
 
 def plan_prefill(ks: "ArrayLike", ke: "ArrayLike", n: int, cells: int, topk: int, return_values: bool,
                  op: str = "fp8_mqa_topk") -> list[Chunk]:
+    """Every chunk :func:`prefill_chunks` yields, as a list."""
+    return list(prefill_chunks(ks, ke, n, cells, topk, return_values, op))
+
+
+def prefill_chunks(ks: "ArrayLike", ke: "ArrayLike", n: int, cells: int, topk: int, return_values: bool,
+                   op: str = "fp8_mqa_topk") -> Iterator[Chunk]:
     """Consecutive rows while ``rows * (hi - lo)`` logits plus their ``rows * topk`` outputs fit
     ``cells`` (``[lo, hi)``: the union of the rows' windows; an empty window widens nothing); raises
-    ValueError (before any kernel runs) when one row's window alone does not.
+    ValueError here, before any chunk is yielded (and so before any kernel runs), when one row's
+    window alone does not fit.
 
-    Vectorised (numpy, one pass per chunk over the rows a chunk could hold at most): a packed batch
-    has tens of thousands of rows, and a Python loop over them cost more host time than the kernels
-    of the whole call."""
+    The chunks come one at a time, each planned when the caller asks for it: a caller that launches a
+    chunk's kernels before asking for the next keeps the planning of every later chunk off the GPU's
+    critical path (planning all 17 chunks of a 4k x 128k call first cost 0.2-0.5 ms of host time while
+    the GPU waited). Vectorised per chunk (numpy, over the rows the chunk could hold at most: no more
+    than ``cells`` over its first row's own cost, since the union holds that row's window); a packed
+    batch has tens of thousands of rows, and a Python loop over them cost more host time than the
+    kernels of the whole call."""
     import numpy as np
 
     out = (2 if return_values else 1) * topk
@@ -83,18 +95,23 @@ def plan_prefill(ks: "ArrayLike", ke: "ArrayLike", n: int, cells: int, topk: int
         raise ValueError(f"{op}: row {r}'s window [{a[r]}, {b[r]}) needs {(b[r] - a[r]) * _CELL / 2**20:.1f} MiB of "
                          f"logits, more than half the workspace ({2 * cells * _CELL / 2**20:.0f} MiB); raise "
                          "MQA_WORKSPACE_MB")
-    most = cells // max(out, 1) + 1  # every row costs at least its outputs
-    chunks: list[Chunk] = []
+    return _walk_chunks(a, b, own, cells, out)
+
+
+def _walk_chunks(a: Any, b: Any, own: Any, cells: int, out: int) -> Iterator[Chunk]:
+    """:func:`prefill_chunks`' chunks over the validated windows ``[a, b)`` (empty ones as ``[n, 0)``)."""
+    import numpy as np
+
     r0, m = 0, len(a)
     while r0 < m:
+        most = cells // int(own[r0])  # >= 1: every row's own cost fits (checked)
         lo = np.minimum.accumulate(a[r0:r0 + most])
         hi = np.maximum.accumulate(b[r0:r0 + most])
         cost = np.arange(1, len(lo) + 1) * (np.maximum(hi - lo, 0) + out)
         over = cost > cells
-        j = int(np.argmax(over)) if over.any() else len(lo)  # rows in this chunk (>= 1: own <= cells)
-        chunks.append(Chunk(r0, r0 + j, int(lo[j - 1]), int(hi[j - 1])))
+        j = int(np.argmax(over)) if over.any() else len(lo)  # rows in this chunk (>= 1)
+        yield Chunk(r0, r0 + j, int(lo[j - 1]), int(hi[j - 1]))
         r0 += j
-    return chunks
 
 
 def torch_where_valid(idx: "torch.Tensor", shift: int) -> "torch.Tensor":
@@ -130,7 +147,9 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     packed batch of short requests costs its windows, not ``rows x N``. Rows whose window holds at
     most ``topk`` keys are their whole window (:func:`whole_windows`): without values they are not
     scored at all, so a packed batch of requests no longer than ``topk`` runs no kernel but a fill.
-    The windows are read to the host once (a prefill call syncs; the paged op does not).
+    The windows are read to the host once (a prefill call syncs once; the paged op does not). After
+    that the host only enqueues: each chunk is planned after the previous one's kernels are launched
+    (:func:`prefill_chunks`), and windows are shifted and whole rows filled on the device.
     """
     import numpy as np
     import torch
@@ -139,61 +158,64 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     q_rows = q[0] if isinstance(q, (tuple, list)) else q
     m, n = q_rows.shape[0], k.shape[0]
     cells, select_bytes = split_workspace(workspace_bytes, topk, return_values)
-    windows = torch.stack((ks, ke)).cpu().numpy()  # one sync for both
+    wins = torch.stack((ks, ke))
+    windows = wins.cpu().numpy()  # the one sync, for both
     device = q_rows.device
     whole = np.zeros(m, dtype=bool)
     if not return_values:
-        whole = np.maximum(np.minimum(windows[1], n) - np.clip(windows[0], 0, n), 0) <= topk
+        whole = np.clip(windows[1], 0, n) - np.clip(windows[0], 0, n) <= topk
     if whole.all():
         return whole_windows(torch.empty((m, topk), dtype=torch.int32, device=device), ks, ke, n, positions), None
     scored = np.where(whole, 0, windows)  # whole rows: empty windows, which widen no chunk
-    chunks = plan_prefill(scored[0], scored[1], n, cells, topk, return_values)
-    if whole.any():
-        ks_s, ke_s = torch.from_numpy(scored).to(device)
-    else:
-        ks_s, ke_s = ks, ke
-    if len(chunks) == 1 and chunks[0].lo == 0 and chunks[0].hi >= n:
-        logits = logits_fn(q, kv, weights, ks_s, ke_s)
-        i, vals = select(logits, ks_s, ke_s, topk, positions, return_values, select_bytes)
+    chunks = prefill_chunks(scored[0], scored[1], n, cells, topk, return_values)  # refuses a row that cannot fit
+    first = next(chunks)
+    if whole.any():  # the whole rows' windows emptied on the device too (they are filled, not scored)
+        wins = torch.where(_whole_rows(ks, ke, n, topk)[None, :], 0, wins)
+    if first.r1 == m and first.lo == 0 and first.hi >= n:
+        logits = logits_fn(q, kv, weights, wins[0], wins[1])
+        i, vals = select(logits, wins[0], wins[1], topk, positions, return_values, select_bytes)
         del logits
-        _fill_whole(i, whole, ks, ke, n, positions)
+        if whole.any():
+            _fill_whole(i, ks, ke, n, positions)
         return i, vals
     idx = torch.empty((m, topk), dtype=torch.int32, device=device)
     vals = torch.empty((m, topk), dtype=torch.float32, device=device) if return_values else None
-    # every chunk's windows shifted to its key slice, made on the host and copied once: two small
-    # kernels a chunk fewer (a 4k-row call has 17 chunks, and the GPU waits on each launch)
-    los = [c.lo if c.lo < c.hi else 0 for c in chunks]
-    shift = np.repeat(np.asarray(los, dtype=windows.dtype), [c.r1 - c.r0 for c in chunks])
-    shifted = torch.from_numpy(scored - shift).to(device)
-    for c, lo in zip(chunks, los):
+    for c in itertools.chain((first,), chunks):
         rows = slice(c.r0, c.r1)
         if whole[rows].all():
             whole_windows(idx[rows], ks[rows], ke[rows], n, positions)
             continue
-        hi = c.hi if c.lo < c.hi else 0
+        lo, hi = (c.lo, c.hi) if c.lo < c.hi else (0, 0)
         qc = (q[0][rows], q[1][rows]) if isinstance(q, (tuple, list)) else q[rows]
         kc = (k[lo:hi], k_scale[lo:hi])
-        ks_c, ke_c = shifted[0, rows], shifted[1, rows]
+        shifted = wins[:, rows] - lo if lo else wins[:, rows]  # the windows in the chunk's key slice
+        ks_c, ke_c = shifted[0], shifted[1]
         logits = logits_fn(qc, kc, weights[rows], ks_c, ke_c)
         i, v = select(logits, ks_c, ke_c, topk, positions, return_values, select_bytes)
         del logits
         idx[rows] = torch_where_valid(i, lo) if positions == "absolute" and lo else i
-        _fill_whole(idx[rows], whole[rows], ks[rows], ke[rows], n, positions)
+        if whole[rows].any():
+            _fill_whole(idx[rows], ks[rows], ke[rows], n, positions)
         if vals is not None and v is not None:
             vals[rows] = v
     return idx, vals
 
 
-def _fill_whole(idx: "torch.Tensor", whole: Any, ks: "torch.Tensor", ke: "torch.Tensor", n: int,
-                positions: str) -> None:
-    """:func:`whole_windows` for the rows of ``idx`` that ``whole`` (numpy bool) marks, in place."""
+def _whole_rows(ks: "torch.Tensor", ke: "torch.Tensor", n: int, topk: int) -> "torch.Tensor":
+    """bool [R] on the device: rows whose window ``[max(ks, 0), min(ke, n))`` holds at most ``topk``
+    keys, the rule the host applies to its copy of the windows (both ends clamped to ``[0, n]`` first,
+    so no int32 difference overflows)."""
+    return ke.clamp(min=0, max=n) - ks.clamp(min=0, max=n) <= topk
+
+
+def _fill_whole(idx: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor", n: int, positions: str) -> None:
+    """:func:`whole_windows` for the rows of ``idx`` whose window holds at most ``idx.shape[1]`` keys,
+    in place: decided on the device, so a chunk holding such rows (a causal prompt's first ``topk``)
+    copies no row list from the host and does not sync. Temporaries: one answer per row."""
     import torch
 
-    if not whole.any():
-        return
-    rows = torch.from_numpy(whole.nonzero()[0]).to(idx.device)
-    part = torch.empty((rows.numel(), idx.shape[1]), dtype=idx.dtype, device=idx.device)
-    idx.index_copy_(0, rows, whole_windows(part, ks[rows], ke[rows], n, positions))
+    part = whole_windows(torch.empty_like(idx), ks, ke, n, positions)
+    idx.copy_(torch.where(_whole_rows(ks, ke, n, idx.shape[1])[:, None], part, idx))
 
 
 def paged_windows(context_lens: "torch.Tensor", next_n: int, block_tables: "torch.Tensor", block_size: int,

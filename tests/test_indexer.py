@@ -235,8 +235,14 @@ def test_composed_chunked_equals_unchunked_and_torch_ref(monkeypatch: pytest.Mon
     ref = _provider("torch_ref", "fp8_mqa_topk", monkeypatch)
     assert ref.name == "torch_ref"
     chunks: list[list[composed.Chunk]] = []
-    plan = composed.plan_prefill
-    monkeypatch.setattr(composed, "plan_prefill", lambda *a, **k: chunks.append(plan(*a, **k)) or chunks[-1])
+    plan = composed.prefill_chunks
+
+    def spy(*a: Any, **k: Any) -> Any:  # records the chunks as the loop takes them
+        taken: list[composed.Chunk] = []
+        chunks.append(taken)
+        return (taken.append(c) or c for c in plan(*a, **k))
+
+    monkeypatch.setattr(composed, "prefill_chunks", spy)
     tiny = 2 * 4 * 3 * (160 + 2 * 20)  # three rows of 160 keys (and their outputs) per chunk
     small = comp.fp8_mqa_topk(*args, 20, positions=positions, return_values=True, workspace_bytes=tiny)
     assert len(chunks[-1]) >= 3, chunks[-1]
@@ -252,6 +258,52 @@ def test_composed_chunked_equals_unchunked_and_torch_ref(monkeypatch: pytest.Mon
     mqa_core.reload()
     public = mqa_core.fp8_mqa_topk(*args, 20, positions=positions, return_values=True)
     assert len(chunks[-1]) >= 3 and torch.equal(public[0], exact[0]) and torch.equal(public[1], exact[1])
+
+
+@pytest.mark.parametrize("positions", ["relative", "absolute"])
+def test_prefill_chunks_are_planned_after_the_previous_chunks_launch(monkeypatch: pytest.MonkeyPatch,
+                                                                      positions: str) -> None:
+    """The chunk loop plans chunk i + 1 only after chunk i's logits and selection are enqueued, so the
+    GPU does not wait for the whole call's planning; a causal prompt's first rows (windows of at most
+    topk keys) share chunks with scored rows and are filled on the device. Every row equals the
+    oracle's (fp64 logits, then the selection rule)."""
+    q, kv, w, ks, ke = _prefill(m=40, n=60)
+    ks, ke = ks.clone(), ke.clone()
+    short = torch.tensor([0, 1, 2, 5, 9, 17, 26, 33])  # 1..12 keys, at most topk: filled, not scored, in
+    ke[short] = ks[short] + torch.tensor([1, 2, 3, 7, 12, 4, 11, 9], dtype=ke.dtype)  # chunks with scored rows
+    ks[20] = -5  # clamped to 0
+    ke[30] = ks[30]  # empty
+    topk = 12
+    events: list[str] = []
+    plan = composed.prefill_chunks
+
+    def spy(*a: Any, **k: Any) -> Any:
+        def walk() -> Any:
+            for c in plan(*a, **k):
+                events.append(f"plan {c.r0}")
+                yield c
+        return walk()
+
+    def logits(q: Any, kv: Any, w: Any, ks: Any, ke: Any) -> torch.Tensor:
+        events.append("logits")
+        return fp8_mqa_logits_ref(q, kv[0], kv[1], w, ks, ke)
+
+    def select(x: Any, ks: Any, ke: Any, topk: int, positions: str, values: bool, budget: int) -> Any:
+        events.append("select")
+        return select_topk(x, ks, ke, topk, positions=positions, values=torch.empty(
+            x.shape[0], topk) if values else None)
+
+    monkeypatch.setattr(composed, "prefill_chunks", spy)
+    tiny = 2 * 4 * 4 * (60 + topk)  # four rows a chunk
+    got, _ = composed.chunked_prefill_topk(logits, select, q, kv, w, ks, ke, topk, positions, False, tiny)
+    exact = select_topk(fp8_mqa_logits_ref(q, kv[0], kv[1], w, ks, ke), ks, ke, topk, positions=positions)[0]
+    assert torch.equal(got, exact)
+    plans = [i for i, e in enumerate(events) if e.startswith("plan")]
+    assert len(plans) >= 8 and plans[0] == 0, events
+    # a chunk is planned right after the previous one's kernels (or after it, unscored, was filled)
+    assert all(events[i - 1] == "select" or events[i - 1].startswith("plan") for i in plans[1:]), events
+    assert events.count("logits") == events.count("select") >= 6
+    assert events.index("logits") < plans[-1]  # kernels ran before the last chunk was planned
 
 
 def test_composed_paged_chunks_whole_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
