@@ -107,6 +107,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -716,10 +717,12 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     lp = _Launch(arch, programs, cfg, tma, filter_constexprs(cfg, h, d, tma), interpret, index, scorer, filter,
                  budget, tun.glue)
 
-    # Windows on the host (one sync, one copy): widths decide each row's path.
-    wins = torch.stack((ks, ke.to(ks.dtype))).to("cpu", torch.int64)
-    lo_h = wins[0].clamp(min=0, max=n)
-    hi_h = torch.maximum(wins[1].clamp(max=n), lo_h)
+    # Windows on the host (one sync, one copy): widths decide each row's path. numpy, not torch: the
+    # host's arithmetic here is on the GPU's critical path (nothing is enqueued yet), and a torch op
+    # on a CPU tensor costs 3-10 us of dispatch where numpy's costs 1-2.
+    wins = torch.stack((ks, ke.to(ks.dtype))).cpu().numpy().astype(np.int64)
+    lo_h = np.clip(wins[0], 0, n)
+    hi_h = np.maximum(np.minimum(wins[1], n), lo_h)
     w_h = hi_h - lo_h
     w_max = int(w_h.max())
     p = plan(m, n, h, d, topk, w_max, budget, tun)
@@ -730,7 +733,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     ctx: dict[str, Any] = {"plan": p, "fallback_rows": 0, "undercount_rows": 0, "overflow_rows": 0, "sampled_rows": 0,
                            "dense_rows": 0, "chunks": 0}
     small = w_h <= topk  # all of the window
-    if not return_values and bool(small.all()):
+    if not return_values and small.all():
         # every row is its whole window (a packed batch of requests no longer than topk): one fill,
         # no chunk (the chunk loop's host work cost 3.7 ms for 16k such rows on an H100)
         whole_windows(out, ks, ke, n, positions)
@@ -743,25 +746,29 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     sampled = (w_h > cap) & (s > 0)  # a threshold from the sample
     scored = ~small | return_values  # the filter kernel runs on it (tau = -inf unless sampled)
     ks_d, ke_d = ks.contiguous(), ke.contiguous()  # the table kernel reads a chunk's windows as one run
+    # the sampled keys' scales in one run, made once a call: a strided view made the Gluon logits
+    # launcher copy them for every chunk (a kernel, and host work before the chunk's first long kernel)
+    sample_k = (k[::s], ws.adopt(k_scale[::s].contiguous())) if s and sampled.any() else None
     step = -(-m // -(-m // p["rows"]))  # as many chunks as the plan needs, of equal size (no small tail)
     for m0 in range(0, m, step):
         m1 = min(m, m0 + step)
         ctx["chunks"] += 1
         part = scored[m0:m1]
-        span = (int(lo_h[m0:m1][part].min()), int(hi_h[m0:m1][part].max())) if bool(part.any()) else (0, 0)
+        span = (int(np.where(part, lo_h[m0:m1], n).min()), int(np.where(part, hi_h[m0:m1], 0).max())) \
+            if part.any() else (0, 0)
         table = ws.empty(8, m1 - m0, dtype=torch.int32)
         with lp.launching():
             table_kernel(lp.interpret)[(-(-(m1 - m0) // BOOK_BLOCK),)](
                 ks_d[m0:], ke_d[m0:], table, table.stride(0), m1 - m0, n, topk, cap, s,
                 SCORE_ALL=return_values, BLOCK=BOOK_BLOCK)
         rows = _Rows(table, sampled[m0:m1], part, span)
-        _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, s, r, cap, positions, out[m0:m1],
-               None if vals is None else vals[m0:m1], counts[:, m0:m1])
+        _chunk(lp, ws, sel, q[m0:m1], k, k_scale, weights[m0:m1], rows, topk, sample_k, r, cap, positions,
+               out[m0:m1], None if vals is None else vals[m0:m1], counts[:, m0:m1])
         del rows, table
 
     # The one sync after the windows': the counts say which rows the sample misjudged.
-    count, fixed = counts.cpu().to(torch.int64)
-    del counts
+    count, fixed = counts.cpu().numpy().astype(np.int64)
+    del counts, sample_k
     bad = sampled & ((count < topk) | (count > cap))
     if tun.report is not None:  # the path counts, for tests and profiles only (host work after the GPU's)
         ctx["fallback_rows"] = int(bad.sum())
@@ -770,9 +777,9 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
         ctx["overflow_rows"] = int((sampled & (count > cap)).sum())
         ctx["sampled_rows"] = int(sampled.sum())
         ctx["dense_rows"] = int((~small & ~sampled).sum())
-    if bool(bad.any()):
-        rows = torch.nonzero(bad).flatten()
-        _rescore(lp, ws, sel, q, k, k_scale, weights, rows, lo_h, hi_h, topk, positions, out, vals, budget - ws.live)
+    if bad.any():
+        _rescore(lp, ws, sel, q, k, k_scale, weights, torch.from_numpy(np.flatnonzero(bad)), torch.from_numpy(lo_h),
+                 torch.from_numpy(hi_h), topk, positions, out, vals, budget - ws.live)
     if tun.report is not None:
         tun.report(ws, ctx)
     return out, vals
@@ -785,8 +792,8 @@ class _Rows:
     the keys the filter's windows span."""
 
     table: torch.Tensor
-    sampled: torch.Tensor
-    scored: torch.Tensor
+    sampled: np.ndarray
+    scored: np.ndarray
     span: tuple[int, int]
 
     def __getitem__(self, i: int) -> torch.Tensor:
@@ -794,8 +801,8 @@ class _Rows:
 
 
 def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
-           w: torch.Tensor, rows: _Rows, topk: int, s: int, r: int, cap: int, positions: str, out: torch.Tensor,
-           vals: torch.Tensor | None, counts: torch.Tensor) -> None:
+           w: torch.Tensor, rows: _Rows, topk: int, sample_k: tuple[torch.Tensor, torch.Tensor] | None, r: int,
+           cap: int, positions: str, out: torch.Tensor, vals: torch.Tensor | None, counts: torch.Tensor) -> None:
     """Steps 1-4 of the module docstring for one chunk of rows, with no host sync: each sampled row's
     candidate count goes to ``counts[0]``, and ``counts[1]`` marks the rows whose ties at the k-th
     value the tie rule (``row_steps._resolve_ties``) resolved; a misjudged row's result here is not
@@ -807,17 +814,18 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
 
     # 1. Rows of width <= topk: arange (values, if asked, from the kernel below). Every row gets it
     #    here where some row is not scored; the scored ones are overwritten below (or rescored).
-    if not bool(scored.all()):
+    if not scored.all():
         with ws.scratch(mc * topk + 16 * mc):
             whole_windows(out, lo_d, rows[1], n, positions)
-        if not bool(scored.any()):
+        if not scored.any():
             return
 
     # 2. Thresholds: -inf (dense) unless sampled; the r-th largest sample value by one kernel
     #    (:func:`row_steps._tau_kernel`) where the sample row fits it.
     tau = ws.empty(mc, dtype=torch.float32)
-    if bool(sampled.any()):
-        sample = ws.adopt(_logits(lp, q, k[::s], k_scale[::s], w, rows[4], rows[5]))
+    if sampled.any():
+        assert sample_k is not None
+        sample = ws.adopt(_logits(lp, q, sample_k[0], sample_k[1], w, rows[4], rows[5]))
         ns = sample.shape[1]
         if lp.glue or ns > TAU_COLS:
             nan = ws.adopt(torch.isnan(sample))
@@ -870,7 +878,7 @@ def _chunk(lp: _Launch, ws: Workspace, sel: Select, q: torch.Tensor, k: torch.Te
     got = pos.gather(1, idx.clamp(min=0).long())
     got.masked_fill_(idx < 0, 2**31 - 1)  # the padding sorts last
     del idx
-    if bool(sampled.any()):
+    if sampled.any():
         with lp.launching():
             ties_kernel(lp.interpret)[(mc,)](pos, val, win[1], win[3], got, v, counts[1], pos.stride(0), v.stride(0),
                                              topk, n, CBLOCK=TIES_BLOCK, TBLOCK=TIES_BLOCK, num_warps=4)
