@@ -180,11 +180,13 @@ def test_slices_equal_the_oracle(interpret, small_slices, path, case):
         assert paths.fallback == 0 and paths.total("sampled_rows") > 0
 
 
-def test_slice_filter_counts_every_passing_cell(interpret):
+@pytest.mark.parametrize("block", [16, 64])
+def test_slice_filter_counts_every_passing_cell(interpret, block):
     """The slice filter kernel alone, on a poisoned logits slice: a sampled row's count is every
     in-window cell >= tau (beyond the capacity too), its first ``cap`` slots hold exactly such cells
     (any order), a dense row (tau = -inf) writes each window cell, NaN and -inf included, to slot
-    ``col - ks``, and no slot past a row's cells is written."""
+    ``col - ks``, and no slot past a row's cells is written; in steps of 16 keys and of 64 (whole
+    steps, partial first and last ones, and windows inside one step)."""
     from mqa_provider_gluon.ops.mqa_logits_triton import _interpreting
 
     g = torch.Generator().manual_seed(11)
@@ -199,7 +201,7 @@ def test_slice_filter_counts_every_passing_cell(interpret):
     val = torch.full((rows, cap), float("nan"))
     with _interpreting():
         op.slice_filter_kernel(True)[(rows, -(-ncols // 64))](x, x.stride(0), ks, ke, tau, cnt, pos, val, cap, cap,
-                                                              c0, ncols, SEG=64, BLOCK=16, AHEAD=2, num_warps=1)
+                                                              c0, ncols, SEG=64, BLOCK=block, AHEAD=2, num_warps=1)
     for r in range(rows):
         lo, hi = max(int(ks[r]), 0), min(int(ke[r]), ncols)
         cells = {(c0 + c, float(x[r, c])) for c in range(lo, hi) if x[r, c] >= tau[r]}
@@ -490,14 +492,15 @@ def test_aot_amd_fp8_mfma_no_spills(target, op_re):
 @pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
 def test_aot_slice_filter_streams_without_barriers(target):
     """The slice filter kernel (``filter="slices"``) builds for each target as the launcher calls it:
-    one warp, a lane holding 4 consecutive keys a step (128 keys on sm_90, 256 on AMD's 64-lane
-    waves), the loop's loads 16 bytes wide (the step and the two ahead: three loads, the partial
-    first and last steps masked), one atomic a step kind, no spills. On sm_90: at most 96 registers
-    (one-warp programs are limited by the 32 blocks an SM first), and the loop over whole steps at
-    most 1.3 instructions a key (0.92 with triton 3.6, the device's; 1.27 with 3.9). The first
-    version (a 256-key step, 8 keys a lane in two 4-key pieces) took 2.3: its scan went through
-    shared memory with six barriers a step, and an H100 run put its stream near 0.5 TB/s, where one
-    read of the logits at HBM speed was the plan."""
+    one warp, a lane holding rows of 4 consecutive keys a step (two rows, 256 keys, on sm_90; one,
+    256 keys, on AMD's 64-lane waves), the loop's loads 16 bytes wide (a load a row for the step and
+    the two ahead, the partial first and last steps masked), one atomic a step kind, no spills. On
+    sm_90: at most 96 registers (72 with triton 3.6: 28 one-warp programs an SM), the loop over
+    whole steps at most 1.3 instructions a key (0.86 with triton 3.6, the device's), and one atomic
+    a step whose result is the only thing that goes through shared memory: the scans are shuffles.
+    An early version (a 256-key step, 8 keys a lane in two 4-key pieces) took 2.3 instructions a
+    key: its scan went through shared memory with six barriers a step, and an H100 run put its
+    stream near 0.5 TB/s, where one read of the logits at HBM speed was the plan."""
     import re
 
     from mqa_provider_gluon import aot
@@ -509,11 +512,15 @@ def test_aot_slice_filter_streams_without_barriers(target):
         sass = aot.sass(asm)
         print(f"slice filter sm_90: {facts}")
         assert facts.spill_stores == 0 and facts.spill_loads == 0 and facts.registers <= 96, facts
-        assert sass.count("LDG.E.128") == 3 and sass.count("ATOMG.E.ADD") == 3, sass.count("ATOMG")
+        rows = op.SLICE_BLOCK // 128  # 16-byte loads a lane a step
+        assert sass.count("LDG.E.128") == 3 * rows and sass.count("ATOMG.E.ADD") == 3, sass.count("ATOMG")
         loops = [(int(m.group(2), 16), int(m.group(1), 16)) for m in
                  re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?P\d\s+)?BRA\s+0x([0-9a-f]+)", sass)
                  if int(m.group(2), 16) < int(m.group(1), 16)]  # backward branches: the loop
         assert len(loops) == 1, loops
+        body = sass[sass.index(f"/*{loops[0][0]:04x}*/"):sass.index(f"/*{loops[0][1]:04x}*/")]
+        assert body.count("ATOMG.E.ADD") == 1 and body.count("LDG.E.128") == rows, body.count("LDG")
+        assert len(re.findall(r"\bSTS\b", body)) <= 1 and len(re.findall(r"\bLDS\b", body)) <= 1
         per_key = (loops[0][1] - loops[0][0]) / 16 / op.SLICE_BLOCK
         print(f"slice filter sm_90: {per_key:.2f} instructions a key")
         assert per_key <= 1.3, per_key

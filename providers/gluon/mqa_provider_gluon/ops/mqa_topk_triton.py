@@ -283,10 +283,15 @@ def filter_constexprs(cfg: TritonConfig, h: int, d: int, tma: bool = False) -> d
 
 # ---- the slice filter: candidates from logits a logits kernel wrote (``filter="slices"``) ------------
 
-#: Columns of a logits slice per slice-filter program, and per step of its loop.
+#: Columns of a logits slice per slice-filter program, and per step of its loop. A step ends in one
+#: atomic on the row's counter, whose result the step's stores wait for: the warp's loads ahead cover
+#: the wait only as far as they reach. At 128 keys (one 16-byte load a lane) an H100 streamed the
+#: logits at 1.5-2.3 TB/s, about what 32 one-warp programs an SM (the block limit) moving 512 bytes a
+#: round trip of that atomic give; 256 (two loads a lane, 72 registers: 28 programs an SM) moves twice
+#: the bytes a round trip, with 7% fewer instructions a key.
 SLICE_SEG = 4096
-SLICE_BLOCK = 128
-#: The same on AMD's 64-lane waves: 4 keys a lane, one 16-byte load.
+SLICE_BLOCK = 256
+#: On AMD's 64-lane waves: 4 keys a lane, one 16-byte load (never measured on AMD hardware).
 SLICE_BLOCK_AMD = 256
 #: Whole steps whose loads are in flight while one is appended (1 or 2).
 SLICE_AHEAD = 2
@@ -319,12 +324,13 @@ def _slice_filter_kernel(x_ptr, stride_xm, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos
     window start less c0) and reach ``tau[m]``, as the filter kernel's epilogue does: to slot
     ``col - ks`` for a dense row (tau = -inf), else to the row's counter (one atomic a step).
 
-    One warp a program, a step of BLOCK keys a [BLOCK / 4, 4] tile: with BLOCK = 128 a lane holds
-    one row of 4 keys, so the step's scan and total are warp shuffles with no shared memory, and
-    programs keep their loads in flight instead of waiting on each other's barriers (the radix
-    select's filter, 8 warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK
-    columns; the steps wholly inside the window load unmasked, 16 bytes a lane, AHEAD steps ahead,
-    and only a partial first and last step are masked."""
+    One warp a program, a step of BLOCK keys a [BLOCK / 4, 4] tile: a lane holds BLOCK / 128 rows of
+    4 keys (NVIDIA's 32 lanes; two at the default 256), so the step's scans and total are warp
+    shuffles with no shared memory (only the atomic's result is broadcast through it), and programs
+    keep their loads in flight instead of waiting on each other's barriers (the radix select's
+    filter, 8 warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK
+    columns; the steps wholly inside the window load unmasked, 16 bytes a lane a row, AHEAD steps
+    ahead, and only a partial first and last step are masked."""
     m = tl.program_id(0)
     j = tl.program_id(1)
     a = tl.load(ks_ptr + m)
@@ -435,6 +441,9 @@ class Tuning:
     poison: bool = False
     #: ``filter="slices"``: the widest logits slice, keys (None: what the workspace leaves).
     slice: int | None = None
+    #: ``filter="slices"``: keys a slice filter step takes, a power of two >= 16 (None: the target's
+    #: :data:`SLICE_BLOCK`); a launch knob, never a result.
+    slice_block: int | None = None
     #: Called with the call's Workspace when it finishes (tests read its peak).
     report: Callable[[Workspace, dict[str, Any]], None] | None = None
     #: Run the per-row steps around the candidates as torch calls (the way rows too wide for
@@ -614,7 +623,10 @@ def _launch_slices(lp: _Launch, ws: Workspace, q: torch.Tensor, k: torch.Tensor,
 
 
 def _slice_block(arch: str) -> int:
-    """Keys a slice filter step takes: 4 a lane of the target's warp (the interpreter: as NVIDIA)."""
+    """Keys a slice filter step takes on the target (the interpreter: as NVIDIA); ``Tuning.slice_block``
+    overrides it (a benchmark's A/B, tests)."""
+    if _TUNING.slice_block is not None:
+        return _TUNING.slice_block
     return SLICE_BLOCK_AMD if arch.startswith("gfx") else SLICE_BLOCK
 
 
