@@ -489,15 +489,16 @@ def test_aot_amd_fp8_mfma_no_spills(target, op_re):
     assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
 
 
-@pytest.mark.parametrize("target", ["sm_90", "gfx942", "gfx950"])
-def test_aot_slice_filter_streams_without_barriers(target):
+@pytest.mark.parametrize("target,block", [("sm_90", None), ("sm_90", 256), ("gfx942", None), ("gfx950", None)])
+def test_aot_slice_filter_streams_without_barriers(target, block):
     """The slice filter kernel (``filter="slices"``) builds for each target as the launcher calls it:
-    one warp, a lane holding rows of 4 consecutive keys a step (two rows, 256 keys, on sm_90; one,
-    256 keys, on AMD's 64-lane waves), the loop's loads 16 bytes wide (a load a row for the step and
-    the two ahead, the partial first and last steps masked), one atomic a step kind, no spills. On
-    sm_90: at most 96 registers (72 with triton 3.6: 28 one-warp programs an SM), the loop over
-    whole steps at most 1.3 instructions a key (0.86 with triton 3.6, the device's), and one atomic
-    a step whose result is the only thing that goes through shared memory: the scans are shuffles.
+    one warp, a lane holding rows of 4 consecutive keys a step (one row, 128 keys, on sm_90, two
+    with ``Tuning.slice_block`` 256; one, 256 keys, on AMD's 64-lane waves), the loop's loads 16 bytes
+    wide (a load a row for the step and the two ahead, the partial first and last steps masked), one
+    atomic a step kind, no spills. On sm_90: at most 96 registers (64 at 128 and 72 at 256 with
+    triton 3.6), the loop over whole steps at most 1.3 instructions a key (0.92 and 0.86 with triton
+    3.6, the device's), and one atomic a step whose result is the only thing that goes through
+    shared memory: the scans are shuffles.
     An early version (a 256-key step, 8 keys a lane in two 4-key pieces) took 2.3 instructions a
     key: its scan went through shared memory with six barriers a step, and an H100 run put its
     stream near 0.5 TB/s, where one read of the logits at HBM speed was the plan."""
@@ -506,13 +507,15 @@ def test_aot_slice_filter_streams_without_barriers(target):
     from mqa_provider_gluon import aot
 
     skip_unless_buildable(target)
-    asm = op.compile_small_kernel_for(target, "slices")
+    with tuning(slice_block=block):
+        asm = op.compile_small_kernel_for(target, "slices")
     if target == "sm_90":
         facts = aot.sass_facts(asm)
         sass = aot.sass(asm)
         print(f"slice filter sm_90: {facts}")
         assert facts.spill_stores == 0 and facts.spill_loads == 0 and facts.registers <= 96, facts
-        rows = op.SLICE_BLOCK // 128  # 16-byte loads a lane a step
+        step = block or op.SLICE_BLOCK
+        rows = step // 128  # 16-byte loads a lane a step
         assert sass.count("LDG.E.128") == 3 * rows and sass.count("ATOMG.E.ADD") == 3, sass.count("ATOMG")
         loops = [(int(m.group(2), 16), int(m.group(1), 16)) for m in
                  re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?P\d\s+)?BRA\s+0x([0-9a-f]+)", sass)
@@ -521,7 +524,7 @@ def test_aot_slice_filter_streams_without_barriers(target):
         body = sass[sass.index(f"/*{loops[0][0]:04x}*/"):sass.index(f"/*{loops[0][1]:04x}*/")]
         assert body.count("ATOMG.E.ADD") == 1 and body.count("LDG.E.128") == rows, body.count("LDG")
         assert len(re.findall(r"\bSTS\b", body)) <= 1 and len(re.findall(r"\bLDS\b", body)) <= 1
-        per_key = (loops[0][1] - loops[0][0]) / 16 / op.SLICE_BLOCK
+        per_key = (loops[0][1] - loops[0][0]) / 16 / step
         print(f"slice filter sm_90: {per_key:.2f} instructions a key")
         assert per_key <= 1.3, per_key
     else:

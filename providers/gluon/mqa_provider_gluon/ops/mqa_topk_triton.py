@@ -285,12 +285,13 @@ def filter_constexprs(cfg: TritonConfig, h: int, d: int, tma: bool = False) -> d
 
 #: Columns of a logits slice per slice-filter program, and per step of its loop. A step ends in one
 #: atomic on the row's counter, whose result the step's stores wait for: the warp's loads ahead cover
-#: the wait only as far as they reach. At 128 keys (one 16-byte load a lane) an H100 streamed the
-#: logits at 1.5-2.3 TB/s, about what 32 one-warp programs an SM (the block limit) moving 512 bytes a
-#: round trip of that atomic give; 256 (two loads a lane, 72 registers: 28 programs an SM) moves twice
-#: the bytes a round trip, with 7% fewer instructions a key.
+#: the wait only as far as they reach. At 128 keys (one 16-byte load a lane, 64 registers) an H100
+#: streamed the logits at 1.5-2.3 TB/s, about what 32 one-warp programs an SM (the block limit) moving
+#: 512 bytes a round trip of that atomic give. 256 (``Tuning.slice_block``; two loads a lane, 72
+#: registers: 28 programs an SM) moves twice the bytes a round trip with 7% fewer instructions a key:
+#: predicted about 1.4x the stream, not yet measured, so not the default.
 SLICE_SEG = 4096
-SLICE_BLOCK = 256
+SLICE_BLOCK = 128
 #: On AMD's 64-lane waves: 4 keys a lane, one 16-byte load (never measured on AMD hardware).
 SLICE_BLOCK_AMD = 256
 #: Whole steps whose loads are in flight while one is appended (1 or 2).
