@@ -1,7 +1,7 @@
 """Core overheads on this machine: warm get_provider, cold import + discovery, torch_ref vs a bare matmul,
 and the per-call host cost of the ops' dispatch (issue 14) with a provider whose kernel does no work.
 
-Run: python bench/core_overhead.py [--json FILE] [--hot-only]. Prints a short table last.
+Run: python bench/core_overhead.py [--json FILE] [--hot-only | --first-launch]. Prints a short table last.
 
 The per-call section installs a real provider distribution, ``mqa-bench-noop`` (provider ``noop``, whose
 kernels return an output preallocated for the shape), into a temporary site directory (found through
@@ -388,11 +388,77 @@ def print_hot(res: dict[str, Any]) -> None:
           f"{res['rounds']} rounds x {res['number']} calls, interleaved")
 
 
+class _FirstLaunch(Exception):
+    """Raised by a stubbed kernel: the host got to its first launch."""
+
+
+def first_launch(shapes: tuple[tuple[int, int], ...] = ((4096, 131072), (1024, 1 << 20)), topk: int = 2048,
+                 rounds: int = 50) -> dict[str, dict[str, float]]:
+    """Host us from a prefill top-k call to its first kernel launch, the stretch where nothing is
+    queued and the GPU waits (an H100 trace put all of the sliced path's idle there): the composed /
+    two-stage chunk loop (``mqa_core.composed.chunked_prefill_topk``, its logits call stubbed) and
+    the gluon provider's sliced path (``fp8_mqa_topk_triton``, its first kernel, the rows' table,
+    stubbed; CPU tensors under the interpreter flag, which no kernel reaches). Suffix windows,
+    H = 64, D = 128, the default workspace; median of ``rounds`` calls."""
+    import torch
+    import triton
+    from mqa_provider_gluon.ops import mqa_topk_triton as mt
+
+    from mqa_core.composed import chunked_prefill_topk
+
+    def stop(*_: Any, **__: Any) -> Any:
+        raise _FirstLaunch
+
+    class Stub:
+        def __getitem__(self, grid: Any) -> Any:
+            return stop
+
+    res: dict[str, dict[str, float]] = {}
+    table, interpreting = mt.table_kernel, mt._interpreting
+    mt.table_kernel = lambda interpret=None: Stub()  # type: ignore[assignment,misc]
+    mt._interpreting = contextlib.nullcontext  # the interpreter's context is no part of a GPU call's host path
+    try:
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = True
+            for m, n in shapes:
+                q = torch.empty(m, 64, 128, dtype=torch.float8_e4m3fn)
+                k = torch.empty(n, 128, dtype=torch.float8_e4m3fn)
+                w, scale = torch.empty(m, 64), torch.empty(n)
+                ks = torch.zeros(m, dtype=torch.int32)
+                ke = torch.arange(n - m + 1, n + 1, dtype=torch.int32)
+                calls = {"two-stage": lambda: chunked_prefill_topk(stop, stop, q, (k, scale), w, ks, ke, topk,
+                                                                   "relative", False, 256 << 20),
+                         "sliced": lambda: mt.fp8_mqa_topk_triton(q, k, scale, w, ks, ke, topk)}
+                row = {}
+                for name, call in calls.items():
+                    times = []
+                    for _ in range(rounds):
+                        t = time.perf_counter()
+                        try:
+                            call()
+                        except _FirstLaunch:
+                            pass
+                        times.append(time.perf_counter() - t)
+                    row[name] = statistics.median(times) * 1e6
+                res[f"{m} x {n}"] = row
+    finally:
+        mt.table_kernel, mt._interpreting = table, interpreting  # type: ignore[assignment]
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--hot-only", action="store_true", help="only the per-call host cost (issue 14)")
+    ap.add_argument("--first-launch", action="store_true", help="only the host us from a prefill top-k call "
+                    "to its first kernel launch (two-stage and sliced paths, kernels stubbed)")
     args = ap.parse_args()
+    if args.first_launch:
+        print(f"{'host us to the first launch':28} {'two-stage':>10} {'sliced':>10}   ({_commit()}, "
+              f"{os.cpu_count()} cpus)")
+        for shape, row in first_launch().items():
+            print(f"{'prefill ' + shape:28} {row['two-stage']:10.0f} {row['sliced']:10.0f}")
+        return
     import torch
 
     import mqa_core

@@ -734,7 +734,7 @@ def fp8_mqa_topk_triton(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
     # host's arithmetic here is on the GPU's critical path (nothing is enqueued yet), and a torch op
     # on a CPU tensor costs 3-10 us of dispatch where numpy's costs 1-2.
     wins = torch.stack((ks, ke.to(ks.dtype))).cpu().numpy().astype(np.int64)
-    lo_h = np.clip(wins[0], 0, n)
+    lo_h = np.minimum(np.maximum(wins[0], 0), n)
     hi_h = np.maximum(np.minimum(wins[1], n), lo_h)
     w_h = hi_h - lo_h
     w_max = int(w_h.max())
