@@ -326,7 +326,7 @@ def _slice_filter_kernel(x_ptr, stride_xm, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos
     ``col - ks`` for a dense row (tau = -inf), else to the row's counter (one atomic a step).
 
     One warp a program, a step of BLOCK keys a [BLOCK / 4, 4] tile: a lane holds BLOCK / 128 rows of
-    4 keys (NVIDIA's 32 lanes; two at the default 256), so the step's scans and total are warp
+    4 keys (NVIDIA's 32 lanes: one at the default 128, two at 256), so the step's scans and total are warp
     shuffles with no shared memory (only the atomic's result is broadcast through it), and programs
     keep their loads in flight instead of waiting on each other's barriers (the radix select's
     filter, 8 warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK
