@@ -3,6 +3,8 @@ orchestration with them against the same steps as torch calls; and their AOT bui
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -199,3 +201,8 @@ def test_aot_row_steps_build_without_spills(target, kernel, kw):
         facts = aot.amd_facts(asm)
         assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
     print(f"{kernel} {kw} {target}: {facts}")
+    if target == "sm_90" and kernel == "finish" and not kw and triton.__version__.startswith("3.6."):
+        # the sort's steps find each lane's partner with one reduction (an xor), not two sums: at
+        # topk 2048 with values 176 shared-memory stores and 5160 instructions, against 320 and 9656
+        sass = aot.sass(asm)
+        assert len(re.findall(r"\bSTS\b", sass)) <= 200 and facts.registers <= 96, facts
