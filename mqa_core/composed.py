@@ -173,8 +173,11 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     if whole.any():  # the whole rows' windows emptied on the device too (they are filled, not scored)
         wins = torch.where(_whole_rows(ks, ke, n, topk)[None, :], 0, wins)
     if first.r1 == m and first.lo == 0 and first.hi >= n:
-        logits = logits_fn(q, kv, weights, wins[0], wins[1])
-        i, vals = select(logits, wins[0], wins[1], topk, positions, return_values, select_bytes)
+        # the caller's own windows where none was emptied (their start addresses, which a prepared
+        # logits call compares, are the caller's allocations, not rows of a stacked copy)
+        ks_s, ke_s = (wins[0], wins[1]) if whole.any() else (ks, ke)
+        logits = logits_fn(q, kv, weights, ks_s, ke_s)
+        i, vals = select(logits, ks_s, ke_s, topk, positions, return_values, select_bytes)
         del logits
         if whole.any():
             _fill_whole(i, ks, ke, n, positions)
