@@ -220,14 +220,28 @@ def _keys(x):
     return tl.where(x != x, k ^ k, k)
 
 
-def _pick(hist, krem):
-    """The bin holding the ``krem``-th largest element of a 256-bin histogram, and how many lie in
-    higher bins. Needs 1 <= krem <= sum(hist)."""
+def _pick(hist, krem, DESC: tl.constexpr):
+    """The digit holding the ``krem``-th largest element of a 256-bin histogram, and how many
+    elements have a larger digit. Needs 1 <= krem <= sum(hist).
+
+    ``DESC``: ``hist`` counts the digits xor 0xFF (bin j: digit 255 - j, the largest first), and the
+    pick is one scan and one reduction, each a sync of the program's warps: ``ge``, the running count
+    from the largest digit, rises with j, so the answer's bin j* is the first with ``ge >= krem`` and
+    the count above it is ``ge[j* - 1]``, the largest ``ge`` below krem; one max over
+    ``ge << 9 | (j + 1)`` of those bins gives both (the later bin where ``ge`` ties; 0, none: j* = 0,
+    nothing above; int64, as a window may hold 2**22 keys or more). The radix passes take it (the
+    sm_90 select kernel: 88 barriers, against 127 with the other form). Else ``hist`` counts the
+    digits themselves and the pick is a scan and three sums: the threshold guess keeps that form,
+    since the one-sync form there gave the segment filter kernel (bfloat16, topk 512) 153 registers,
+    past two programs an SM."""
+    if DESC:
+        ge = tl.cumsum(hist, 0).to(tl.int64)
+        top = tl.max(tl.where(ge < krem, (ge << 9) | (tl.arange(0, 256) + 1), 0), 0)
+        return 255 - (top & 511).to(tl.int32), (top >> 9).to(tl.int32)
     incl = tl.cumsum(hist, 0)
-    ge = tl.sum(hist, 0) - incl + hist  # elements in this bin or above
-    b = tl.sum((ge >= krem).to(tl.int32), 0) - 1
-    above = tl.sum(tl.where(tl.arange(0, 256) == b, ge - hist, 0), 0)
-    return b, above
+    ge_up = tl.sum(hist, 0) - incl + hist  # elements in this bin or above
+    b = tl.sum((ge_up >= krem).to(tl.int32), 0) - 1
+    return b, tl.sum(tl.where(tl.arange(0, 256) == b, ge_up - hist, 0), 0)
 
 
 def _guess(row, w, AIM: tl.constexpr, SAMPLE: tl.constexpr):
@@ -240,13 +254,13 @@ def _guess(row, w, AIM: tl.constexpr, SAMPLE: tl.constexpr):
     at = (grp * (w - 8)) // (G - 1) + offs_s % 8
     sk = _keys(tl.load(row + at))
     r = tl.minimum(tl.maximum((AIM * SAMPLE) // w, 1), SAMPLE)
-    b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r)
+    b1, above = _pick(tl.histogram((sk >> 24).to(tl.int32), 256), r, False)
     in1 = (sk >> 24).to(tl.int32) == b1
-    b2, above2 = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above)
+    b2, above2 = _pick(tl.histogram(((sk >> 16) & 0xFF).to(tl.int32), 256, mask=in1), r - above, False)
     # a third byte: logits packed near one value (a sum over many heads: mean far above the spread)
     # put more than CAP keys in one 16-bit bucket, and 24 bits keep the guess near CAP/2
     in2 = in1 & (((sk >> 16) & 0xFF).to(tl.int32) == b2)
-    b3, _ = _pick(tl.histogram(((sk >> 8) & 0xFF).to(tl.int32), 256, mask=in2), r - above - above2)
+    b3, _ = _pick(tl.histogram(((sk >> 8) & 0xFF).to(tl.int32), 256, mask=in2), r - above - above2, False)
     return (b1.to(tl.uint32) << 24) | (b2.to(tl.uint32) << 16) | (b3.to(tl.uint32) << 8)
 
 
@@ -409,8 +423,8 @@ def _topk_kernel(
                         k = _keys(tl.load(src + offs, mask=ok, other=0.0))
                         if SHIFT < 24:
                             ok = ok & ((k >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
-                        hist += tl.histogram(((k >> SHIFT) & 0xFF).to(tl.int32), 256, mask=ok)
-                    b, above = _pick(hist, krem)
+                        hist += tl.histogram(((k >> SHIFT) & 0xFF).to(tl.int32) ^ 0xFF, 256, mask=ok)
+                    b, above = _pick(hist, krem, True)
                     krem -= above
                     prefix = prefix | (b.to(tl.uint32) << SHIFT)
 
