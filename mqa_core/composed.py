@@ -127,8 +127,10 @@ def whole_windows(out: "torch.Tensor", ks: "torch.Tensor", ke: "torch.Tensor", n
     import torch
 
     topk = out.shape[1]
-    lo = ks.to(out.dtype).clamp(min=0, max=n)
-    width = (ke.to(out.dtype).clamp(max=n) - lo).clamp(min=0)
+    # both ends clamped to [0, n] before any cast or difference: an int32 ke near -2**31 less a
+    # start would wrap, and an int64 window past 2**31 would wrap in the cast
+    lo = ks.clamp(min=0, max=n).to(out.dtype)
+    width = (ke.clamp(min=0, max=n).to(out.dtype) - lo).clamp(min=0)
     cols = torch.arange(topk, device=out.device, dtype=out.dtype)[None, :]
     if positions == "absolute":
         torch.add(cols, lo[:, None], out=out)
@@ -170,6 +172,7 @@ def chunked_prefill_topk(logits_fn: PrefillLogits, select: Select, q: Any, kv: A
     scored = np.where(whole, 0, windows)  # whole rows: empty windows, which widen no chunk
     chunks = prefill_chunks(scored[0], scored[1], n, cells, topk, return_values)  # refuses a row that cannot fit
     first = next(chunks)
+    wins = wins.clamp(min=0, max=n)  # the same windows, whose shift by a chunk's start cannot wrap
     if whole.any():  # the whole rows' windows emptied on the device too (they are filled, not scored)
         wins = torch.where(_whole_rows(ks, ke, n, topk)[None, :], 0, wins)
     if first.r1 == m and first.lo == 0 and first.hi >= n:

@@ -306,6 +306,31 @@ def test_prefill_chunks_are_planned_after_the_previous_chunks_launch(monkeypatch
     assert events.index("logits") < plans[-1]  # kernels ran before the last chunk was planned
 
 
+@pytest.mark.parametrize("values", [False, True])
+@pytest.mark.parametrize("workspace", [1 << 20, 2 * 4 * 2 * (16 + 8)])  # one chunk; two rows a chunk
+def test_prefill_windows_at_the_integer_limits(values: bool, workspace: int) -> None:
+    """Windows far outside [0, N) (an int32 end at -2**31 with a start past 0, an int64 window past
+    2**31, a start below 0) are clamped before any difference or cast: each row equals the oracle's,
+    empty windows only -1, in a chunk whose keys start past 0 too."""
+    q, kv, w, _, _ = make_prefill_inputs(6, 16, 2, 16, window="causal", seed=0).args()
+    logits = lambda q, kv, w, a, b: fp8_mqa_logits_ref(q, kv[0], kv[1], w, a, b)  # noqa: E731
+
+    def select(x: Any, a: Any, b: Any, k: int, positions: str, v: bool, budget: int) -> Any:
+        return select_topk(x, a, b, k, positions=positions, values=torch.empty(x.shape[0], k) if v else None)
+
+    i32 = dict(dtype=torch.int32)
+    cases = [(torch.tensor([0, 3, 9, 10, -7, 8], **i32), torch.tensor([16, -2**31, 16, -2**31, 5, 16], **i32)),
+             (torch.tensor([2**32 + 3, 0, 9, 2**40, -2**40, 12]), torch.tensor([2**32 + 5, 16, 16, 2**41, 16, 15]))]
+    for ks, ke in cases:
+        ref = fp8_mqa_logits_ref(q, kv[0], kv[1], w, ks.clamp(-1, 17).int(), ke.clamp(-1, 17).int())
+        for positions in ("relative", "absolute"):
+            want = select_topk(ref, ks.clamp(-1, 17), ke.clamp(-1, 17), 4, positions=positions)[0]
+            got, vals = composed.chunked_prefill_topk(logits, select, q, kv, w, ks, ke, 4, positions, values, workspace)
+            assert torch.equal(got, want), (ks, ke, positions, got, want)
+            empty = (ke.clamp(0, 16) <= ks.clamp(0, 16))
+            assert (got[empty] == -1).all()
+
+
 def test_composed_paged_chunks_whole_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tiny workspace: chunks of whole sequences (each logits call sees next_n rows per sequence),
     the result equal to the unchunked one and torch_ref's."""
