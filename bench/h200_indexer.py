@@ -49,7 +49,7 @@ shows where each named provider's top-k ops put their peak at the kit's memory-c
 M=512 N=131072 causal, paged B=64 next_n=2 ctx 32768; H=16, D=64, topk 2048 with values, a 16 MiB
 workspace): the call once to warm up, then once under ``torch.cuda.memory._record_memory_history``,
 replayed to the peak; the allocations alive there, by the line of this checkout that made them.
-``--tuning slice_block=256`` runs everything under those ``mqa_topk_triton.Tuning`` launch knobs (an
+``--tuning slice_block=128`` runs everything under those ``mqa_topk_triton.Tuning`` launch knobs (an
 A/B of a knob is two runs, or two ``--profile`` runs, on one machine).
 """
 
@@ -702,8 +702,8 @@ def main() -> None:
     ap.add_argument("--memory", default="", help="comma-separated providers: where each one's top-k ops put "
                     "their peak memory (GPU)")
     ap.add_argument("--tuning", default="", help="launch knobs of the fused orchestration (the fused and "
-                    "sliced columns) for the whole run: '+'-joined Tuning fields, e.g. 'slice_block=256' "
-                    "(the slice filter's candidate step), to A/B a knob in another run")
+                    "sliced columns) for the whole run: '+'-joined Tuning fields, e.g. 'slice_block=128' "
+                    "(the slice filter's step before 2026-12-08), to A/B a knob in another run")
     args = ap.parse_args()
     from mqa_provider_gluon.ops import mqa_topk_triton as mt
 

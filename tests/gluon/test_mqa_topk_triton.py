@@ -489,11 +489,11 @@ def test_aot_amd_fp8_mfma_no_spills(target, op_re):
     assert facts.vgpr_spills == 0 and facts.sgpr_spills == 0 and facts.scratch_bytes == 0, facts
 
 
-@pytest.mark.parametrize("target,block", [("sm_90", None), ("sm_90", 256), ("gfx942", None), ("gfx950", None)])
+@pytest.mark.parametrize("target,block", [("sm_90", None), ("sm_90", 128), ("gfx942", None), ("gfx950", None)])
 def test_aot_slice_filter_streams_without_barriers(target, block):
     """The slice filter kernel (``filter="slices"``) builds for each target as the launcher calls it:
-    one warp, a lane holding rows of 4 consecutive keys a step (one row, 128 keys, on sm_90, two
-    with ``Tuning.slice_block`` 256; one, 256 keys, on AMD's 64-lane waves), the loop's loads 16 bytes
+    one warp, a lane holding rows of 4 consecutive keys a step (two rows, 256 keys, on sm_90, one
+    with ``Tuning.slice_block`` 128; one, 256 keys, on AMD's 64-lane waves), the loop's loads 16 bytes
     wide (a load a row for the step and the two ahead, the partial first and last steps masked), one
     atomic a step kind, no spills. On sm_90: at most 96 registers (64 at 128 and 72 at 256 with
     triton 3.6), the loop over whole steps at most 1.3 instructions a key (0.92 and 0.86 with triton
@@ -778,15 +778,17 @@ def test_gpu_gluon_scorer_exact_inputs_tie_rule(filter):
 
 def test_auto_path_takes_slices_where_two_stage_chunks_are_thin():
     """The gluon provider's default picks by the keys and the workspace, not the rows: at the default
-    256 MiB, 1M keys leave a two-stage chunk 31 rows (sliced), 128k keys 246 (two-stage); a smaller
-    workspace moves the border down, and the batch never moves it."""
+    256 MiB, 1M keys leave a two-stage chunk 31 rows and 128k keys 252 (both sliced), 64k keys 504
+    (two-stage); a smaller workspace moves the border down, and the batch never moves it."""
     from mqa_provider_gluon import kernels
 
     mib = 1 << 20
     assert kernels.GLUON_PREFILL_TOPK == "auto"
     assert kernels.prefill_topk_path(1 << 20, 2048, 256 * mib) == "sliced"
-    assert kernels.prefill_topk_path(128 << 10, 2048, 256 * mib) == "two-stage"
-    assert kernels.prefill_topk_path(128 << 10, 2048, 32 * mib) == "sliced"
+    assert kernels.prefill_topk_path(128 << 10, 2048, 256 * mib) == "sliced"
+    assert kernels.prefill_topk_path(128 << 10, 512, 256 * mib) == "sliced"
+    assert kernels.prefill_topk_path(64 << 10, 2048, 256 * mib) == "two-stage"
+    assert kernels.prefill_topk_path(64 << 10, 2048, 32 * mib) == "sliced"
     border = 128 * mib // 4 // kernels.SLICED_BELOW_ROWS - 2048  # keys at which a chunk holds exactly the border
     assert kernels.prefill_topk_path(border, 2048, 256 * mib) == "two-stage"
     assert kernels.prefill_topk_path(border + 1, 2048, 256 * mib) == "sliced"

@@ -70,9 +70,10 @@ def _with_schedule(fn: Callable[..., Any], reads: bool, schedule: torch.Tensor |
 GLUON_PREFILL_TOPK = "auto"
 
 #: "auto" takes the sliced path where a two-stage row chunk would hold fewer rows than this. Such
-#: thin chunks keep the logits kernel and the select far from full (H100, 2026-12-07: at 1M keys, 31
-#: rows a chunk, sliced was 3-12% faster in two runs; at 128k, 246 rows, 22-25% slower).
-SLICED_BELOW_ROWS = 64
+#: thin chunks keep the logits kernel and the select far from full (H100, 2026-12-08: at 1M keys, 31
+#: rows a chunk, sliced 20.8 ms against 27.2; at 128k, 252 rows, 11.9 against 12.0 at topk 2048 and
+#: 10.8 against 11.7 at topk 512; wider chunks were not measured).
+SLICED_BELOW_ROWS = 256
 
 
 def prefill_topk_path(n: int, topk: int, workspace_bytes: int) -> str:

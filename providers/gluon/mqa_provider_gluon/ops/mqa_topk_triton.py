@@ -287,11 +287,12 @@ def filter_constexprs(cfg: TritonConfig, h: int, d: int, tma: bool = False) -> d
 #: atomic on the row's counter, whose result the step's stores wait for: the warp's loads ahead cover
 #: the wait only as far as they reach. At 128 keys (one 16-byte load a lane, 64 registers) an H100
 #: streamed the logits at 1.5-2.3 TB/s, about what 32 one-warp programs an SM (the block limit) moving
-#: 512 bytes a round trip of that atomic give. 256 (``Tuning.slice_block``; two loads a lane, 72
-#: registers: 28 programs an SM) moves twice the bytes a round trip with 7% fewer instructions a key:
-#: predicted about 1.4x the stream, not yet measured, so not the default.
+#: 512 bytes a round trip of that atomic give. At 256 (two loads a lane, 72 registers: 28 programs an
+#: SM; 7% fewer instructions a key) the filter took 0.95 ms against 1.07 at 4k x 128k and 1.75 against
+#: 1.84 at 1M (H100, 2026-12-08, kernel totals of one call): less than the 1.4x predicted, so the
+#: atomic is not all of the wait. ``Tuning.slice_block`` sets another step.
 SLICE_SEG = 4096
-SLICE_BLOCK = 128
+SLICE_BLOCK = 256
 #: On AMD's 64-lane waves: 4 keys a lane, one 16-byte load (never measured on AMD hardware).
 SLICE_BLOCK_AMD = 256
 #: Whole steps whose loads are in flight while one is appended (1 or 2).
@@ -326,7 +327,7 @@ def _slice_filter_kernel(x_ptr, stride_xm, ks_ptr, ke_ptr, tau_ptr, cnt_ptr, pos
     ``col - ks`` for a dense row (tau = -inf), else to the row's counter (one atomic a step).
 
     One warp a program, a step of BLOCK keys a [BLOCK / 4, 4] tile: a lane holds BLOCK / 128 rows of
-    4 keys (NVIDIA's 32 lanes: one at the default 128, two at 256), so the step's scans and total are warp
+    4 keys (NVIDIA's 32 lanes: two at the default 256), so the step's scans and total are warp
     shuffles with no shared memory (only the atomic's result is broadcast through it), and programs
     keep their loads in flight instead of waiting on each other's barriers (the radix select's
     filter, 8 warps a program, streams at a third of HBM's rate). Steps are aligned to BLOCK
